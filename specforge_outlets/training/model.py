@@ -1,0 +1,50 @@
+"""EAGLE-3 training-time test with the length head read off the draft state at every step.
+
+SpecForge's ``OnlineEagle3Model.forward`` runs the TTT unroll and returns only its drafting
+losses and metrics. The draft state of each step is the output of the draft decoder layer
+(``midlayer``), so a forward hook collects it while the unchanged EAGLE-3 forward runs. The head
+and its L2 term are computed here, inside the module that FSDP wraps, so sharded parameters are
+gathered when they are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+import torch
+from specforge.algorithms.eagle3.model import OnlineEagle3Model
+
+from specforge_outlets.data.labels import shift_left
+from specforge_outlets.training.objective import l2_penalty
+
+
+@dataclass(frozen=True)
+class LengthOutputs:
+    raw: List[torch.Tensor]  # per TTT step: [B, T, out]
+    labels: List[torch.Tensor]  # per TTT step: [B, T], aligned with ``raw``
+    l2: torch.Tensor  # ||theta_len||^2
+
+
+class OutletsEagle3Model(OnlineEagle3Model):
+    def forward(self, *, remaining_length: torch.Tensor, **eagle3_inputs):
+        """SpecForge's seven EAGLE-3 outputs, then :class:`LengthOutputs`.
+
+        ``remaining_length`` [B, T] is aligned with the stored ``input_ids``; the state at
+        position j of TTT step k has seen token j + 1 + k, so its label is shifted by 1 + k
+        (SpecForge's one-position target shift plus one per step).
+        """
+        draft = self.draft_model
+        source = draft.midlayer if draft.outlets.head_input == "draft" else draft.fc
+        states: List[torch.Tensor] = []
+        handle = source.register_forward_hook(lambda _module, _inputs, output: states.append(output))
+        try:
+            eagle3_outputs = super().forward(**eagle3_inputs)
+        finally:
+            handle.remove()
+        expected = self.length if draft.outlets.head_input == "draft" else 1
+        assert len(states) == expected, f"collected {len(states)} draft states, expected {expected}"
+        remaining_length = remaining_length.to(states[0].device)
+        raw = [draft.length_outputs(state) for state in states]
+        labels = [shift_left(remaining_length, 1 + step) for step in range(len(states))]
+        return (*eagle3_outputs, LengthOutputs(raw, labels, l2_penalty(draft.length_head)))

@@ -1,0 +1,95 @@
+"""The recipe's ``outlets:`` block: the objective's weights and the shape of the additions.
+
+SpecForge validates every other block of the recipe and rejects unknown keys, so this block is
+removed (and validated here, just as strictly) before SpecForge sees the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.model.draft_config import HEAD_INPUTS, OutletsDraftConfig
+from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
+
+HEAD_TYPES = ("regression", "buckets")
+DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by head_type: buckets
+
+
+@dataclass(frozen=True)
+class OutletsSettings:
+    """L = sd_loss_weight * L_SD + length_loss_weight * L_len + length_l2_weight * ||theta_len||^2."""
+
+    length_loss_weight: float = 0.1  # lambda; 0 is the SD-only ablation
+    length_l2_weight: float = 1e-5  # gamma, L2 over the length MLP only
+    sd_loss_weight: float = 1.0  # 0 is the LP-only ablation (no drafting loss)
+    gated_attention: bool = True  # false: plain EAGLE-3 attention (ablation)
+    head_input: str = "draft"  # "fused": head on the fused target features, no draft decoder
+    head_type: str = "regression"  # "buckets": classification over length buckets (ablation)
+    head_widths: Optional[Tuple[int, ...]] = None  # None: (H, H/2, H/4)
+    bucket_edges: Tuple[int, ...] = DEFAULT_BUCKET_EDGES
+    fusion_layers: Optional[Tuple[int, int, int]] = None  # None: (2, N/2, N-2), hidden_states indices
+
+    def __post_init__(self) -> None:
+        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight"):
+            if getattr(self, name) < 0:
+                raise OutletsError(f"outlets.{name} must be >= 0, got {getattr(self, name)}")
+        if self.length_loss_weight == 0 and self.sd_loss_weight == 0:
+            raise OutletsError("outlets.length_loss_weight and outlets.sd_loss_weight are both 0: nothing to train")
+        if self.head_input not in HEAD_INPUTS:
+            raise OutletsError(f"outlets.head_input must be one of {HEAD_INPUTS}, got {self.head_input!r}")
+        if self.head_type not in HEAD_TYPES:
+            raise OutletsError(f"outlets.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        edges = list(self.bucket_edges)
+        if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
+            raise OutletsError(f"outlets.bucket_edges must be increasing positive token counts, got {edges}")
+
+    @classmethod
+    def from_mapping(cls, raw: Optional[Mapping[str, Any]]) -> "OutletsSettings":
+        raw = dict(raw or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise OutletsError(f"unknown key(s) outlets.{', outlets.'.join(unknown)}; valid keys: {sorted(known)}")
+        for name in ("head_widths", "bucket_edges", "fusion_layers"):
+            if raw.get(name) is not None:
+                raw[name] = tuple(int(v) for v in raw[name])
+        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight"):
+            if name in raw:
+                try:
+                    raw[name] = float(raw[name])
+                except (TypeError, ValueError):
+                    raise OutletsError(f"outlets.{name} must be a number, got {raw[name]!r}") from None
+        if "gated_attention" in raw and not isinstance(raw["gated_attention"], bool):
+            raise OutletsError(f"outlets.gated_attention must be true or false, got {raw['gated_attention']!r}")
+        return cls(**raw)
+
+    def draft_config(self, hidden_size: int, target_layers: int) -> OutletsDraftConfig:
+        """The ``outlets_config`` block for a draft of ``hidden_size`` on a ``target_layers``-deep target."""
+        fusion = self.fusion_layers or default_fusion_layers(target_layers)
+        try:
+            validate_fusion_layers(fusion, target_layers)
+        except ValueError as exc:
+            raise OutletsError(f"outlets.fusion_layers: {exc}") from None
+        widths = self.head_widths or (hidden_size, hidden_size // 2, hidden_size // 4)
+        if widths[0] != hidden_size or any(w <= 0 for w in widths):
+            raise OutletsError(
+                f"outlets.head_widths={list(widths)} must start at the draft hidden size {hidden_size} "
+                "and stay positive"
+            )
+        return OutletsDraftConfig(
+            fusion_layers=tuple(fusion),
+            gated_attention=self.gated_attention,
+            head_input=self.head_input,
+            head_widths=tuple(widths),
+            bucket_edges=tuple(self.bucket_edges) if self.head_type == "buckets" else None,
+        )
+
+    def objective_options(self) -> Dict[str, float]:
+        """The settings the training step needs (recorded in SpecForge's resume contract)."""
+        return {
+            "length_loss_weight": self.length_loss_weight,
+            "length_l2_weight": self.length_l2_weight,
+            "sd_loss_weight": self.sd_loss_weight,
+        }

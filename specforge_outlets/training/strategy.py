@@ -1,0 +1,95 @@
+"""The ``eagle3-outlets`` training step: SpecForge's EAGLE-3 step plus the length objective.
+
+``Eagle3TrainStrategy.forward_loss`` calls ``self.eagle3_model(**eagle3_inputs)`` and unpacks
+seven outputs. For that one call we stand a :class:`LabelledCall` in its place, which passes the
+batch's ``remaining_length`` to the OUTLETS model and keeps the extra :class:`LengthOutputs`, so
+the EAGLE-3 step itself (target projection, compact teacher, TTT loss weights) is inherited
+unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from specforge.training.strategies.base import Eagle3TrainStrategy, StepContext, StepOutput
+
+from specforge_outlets.data.features import LENGTH_KEY
+from specforge_outlets.training.model import LengthOutputs
+from specforge_outlets.training.objective import fit_length, total_loss
+
+
+class LabelledCall:
+    """Stands in for the wrapped model during one EAGLE-3 step."""
+
+    def __init__(self, model: torch.nn.Module, remaining_length: torch.Tensor):
+        self.model = model
+        self.remaining_length = remaining_length
+        self.length_outputs: Optional[LengthOutputs] = None
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def __call__(self, **eagle3_inputs):
+        *eagle3_outputs, self.length_outputs = self.model(
+            remaining_length=self.remaining_length, **eagle3_inputs
+        )
+        return tuple(eagle3_outputs)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The OUTLETS model inside a DDP/FSDP wrapper."""
+    return model if hasattr(model, "draft_model") else model.module
+
+
+class OutletsTrainStrategy(Eagle3TrainStrategy):
+    name = "eagle3-outlets"
+    required_features = Eagle3TrainStrategy.required_features | {LENGTH_KEY}
+
+    def __init__(
+        self,
+        eagle3_model: torch.nn.Module,
+        *,
+        length_loss_weight: float,
+        length_l2_weight: float,
+        sd_loss_weight: float,
+        **eagle3_options,
+    ) -> None:
+        super().__init__(eagle3_model, **eagle3_options)
+        self.length_loss_weight = length_loss_weight
+        self.length_l2_weight = length_l2_weight
+        self.sd_loss_weight = sd_loss_weight
+
+    def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
+        model = self.eagle3_model
+        call = LabelledCall(model, batch.tensors[LENGTH_KEY])
+        self.eagle3_model = call
+        try:
+            drafting = super().forward_loss(batch, ctx)
+        finally:
+            self.eagle3_model = model
+        outputs = call.length_outputs
+        draft = unwrap(model).draft_model
+        fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges)
+        loss = total_loss(
+            drafting.loss,
+            fit.loss,
+            outputs.l2,
+            sd_loss_weight=self.sd_loss_weight,
+            length_loss_weight=self.length_loss_weight,
+            length_l2_weight=self.length_l2_weight,
+        )
+        return StepOutput(
+            loss=loss,
+            metrics={
+                **drafting.metrics,
+                "sd_loss": drafting.loss.detach(),
+                "length_loss": fit.loss.detach(),
+                "length_l2": outputs.l2.detach(),
+            },
+            ratio_metrics={
+                **drafting.ratio_metrics,
+                "length_mse": (fit.squared_error_sum, fit.count),
+                "length_mae_tokens": (fit.abs_error_tokens_sum, fit.count),
+            },
+        )

@@ -1,0 +1,146 @@
+"""The OUTLETS training step on the real SpecForge code path, without launching a run."""
+
+import json
+import os
+
+import pytest
+import torch
+from specforge.modeling.target.target_head import TargetHead
+from specforge.runtime.contracts import TrainBatch
+from transformers import LlamaConfig
+
+from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
+from specforge_outlets.training.cpu_loss import install_cpu_loss, reference_log_softmax_loss
+from specforge_outlets.training.model import OutletsEagle3Model
+from specforge_outlets.training.settings import OutletsSettings
+from specforge_outlets.training.strategy import OutletsTrainStrategy
+from tests.tiny_target import TINY_DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS, TINY_VOCAB
+
+TTT = 3
+
+
+def make_draft(target_dir, **settings) -> OutletsLlamaForCausalLMEagle3:
+    with open(os.path.join(target_dir, "draft_config.json")) as f:
+        config = LlamaConfig(**json.load(f))
+    config.outlets_config = OutletsSettings(**settings).draft_config(TINY_HIDDEN, TINY_LAYERS).to_dict()
+    torch.manual_seed(0)
+    draft = OutletsLlamaForCausalLMEagle3(config, attention_backend="sdpa").float()
+    draft.t2d.zero_()
+    draft.t2d[:TINY_DRAFT_VOCAB] = True  # draft token i is target token i
+    return draft
+
+
+def make_step(target_dir, **settings):
+    install_cpu_loss()
+    draft = make_draft(target_dir, **settings)
+    model = OutletsEagle3Model(draft_model=draft, length=TTT, attention_backend="sdpa")
+    head = TargetHead.from_pretrained(target_dir).float()
+    strategy = OutletsTrainStrategy(
+        model, target_head=head, length_loss_weight=1.0, length_l2_weight=1e-3, sd_loss_weight=1.0
+    )
+    return draft, model, strategy
+
+
+def make_batch(seq_len=12):
+    torch.manual_seed(1)
+    ids = torch.arange(seq_len)[None] + 20  # token id encodes its position
+    return TrainBatch(
+        sample_ids=["conversation"],
+        strategy="eagle3-outlets",
+        tensors={
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "loss_mask": torch.ones_like(ids),
+            "hidden_state": torch.randn(1, seq_len, 3 * TINY_HIDDEN),
+            "target": torch.randn(1, seq_len, TINY_HIDDEN),
+            "remaining_length": 1000 + ids,  # the label names the token it belongs to
+        },
+        metadata={"target_repr": "hidden_state"},
+    )
+
+
+def test_labels_follow_specforge_shift_at_every_ttt_step(tiny_target):
+    """At TTT step k the draft embeds token j + 1 + k at position j; its label must be that token's."""
+    draft, model, strategy = make_step(tiny_target)
+    seen_ids, labels = [], []
+    draft.embed_tokens.register_forward_hook(lambda _m, inputs, _out: seen_ids.append(inputs[0].clone()))
+    model.register_forward_hook(lambda _m, _i, output: labels.extend(output[-1].labels))
+    strategy.forward_loss(make_batch())
+    assert len(seen_ids) == len(labels) == TTT
+    seq_len = seen_ids[0].shape[1]
+    for step, (ids, step_labels) in enumerate(zip(seen_ids, labels)):
+        real = seq_len - 1 - step  # positions whose embedded token exists (the rest is padding)
+        assert ids[0, :real].tolist() == list(range(21 + step, 21 + step + real))
+        assert step_labels[0, :real].tolist() == (1000 + ids[0, :real]).tolist()
+        assert (step_labels[0, real:] == -1).all()
+
+
+def test_step_reports_length_metrics_and_backpropagates_into_head_and_gate(tiny_target):
+    draft, _, strategy = make_step(tiny_target)
+    out = strategy.forward_loss(make_batch())
+    out.loss.backward()
+    assert {"sd_loss", "length_loss", "length_l2"} <= set(out.metrics)
+    assert {"length_mse", "length_mae_tokens"} <= set(out.ratio_metrics)
+    expected = out.metrics["sd_loss"] + out.metrics["length_loss"] + 1e-3 * out.metrics["length_l2"]
+    assert torch.allclose(out.loss.detach(), expected)
+    assert draft.length_head.mlp[0].weight.grad.abs().sum() > 0
+    assert draft.midlayer.self_attn.gate_proj.weight.grad.abs().sum() > 0
+
+
+def test_lp_only_ablation_drops_drafting_loss(tiny_target):
+    install_cpu_loss()
+    draft = make_draft(tiny_target)
+    model = OutletsEagle3Model(draft_model=draft, length=TTT, attention_backend="sdpa")
+    head = TargetHead.from_pretrained(tiny_target).float()
+    strategy = OutletsTrainStrategy(model, target_head=head, length_loss_weight=0.1,
+                                    length_l2_weight=0.0, sd_loss_weight=0.0)
+    out = strategy.forward_loss(make_batch())
+    assert torch.allclose(out.loss.detach(), 0.1 * out.metrics["length_loss"])
+
+
+@pytest.mark.parametrize("head_input", ["draft", "fused"])
+def test_bucket_and_fused_ablations_train(tiny_target, head_input):
+    _, model, strategy = make_step(tiny_target, head_type="buckets", head_input=head_input,
+                                   gated_attention=False, bucket_edges=(4, 16, 64))
+    out = strategy.forward_loss(make_batch())
+    out.loss.backward()
+    assert model.draft_model.length_head.mlp[-1].out_features == 4
+    assert not hasattr(model.draft_model.midlayer.self_attn, "gate_proj")
+    assert torch.isfinite(out.loss)
+
+
+def test_cpu_loss_matches_the_kernel_definition_and_its_gradient():
+    """Per position: -sum_v p(v) log softmax(logits)(v) if masked in, else 0; mean over B*T."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    target = torch.softmax(torch.randn(2, 5, 7), -1)
+    mask = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 0, 1]])[..., None]
+    loss = reference_log_softmax_loss(logits, target, mask)
+    rows = []
+    for b in range(2):
+        for t in range(5):
+            lse = torch.logsumexp(logits[b, t].detach(), 0)
+            rows.append(-(target[b, t] * (logits[b, t].detach() - lse)).sum() if mask[b, t] else torch.tensor(0.0))
+    assert torch.allclose(loss, torch.stack(rows).mean())
+    loss.backward()
+    # the kernel's backward: -(p * g - softmax * sum(p * g)) * 1/(B*T) on masked-in rows, 0 elsewhere
+    softmax = torch.softmax(logits.detach(), -1)
+    expected = -(target - softmax * target.sum(-1, keepdim=True)) / 10 * mask
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+
+
+def test_gate_multiplies_attention_output_before_o_proj(tiny_target):
+    draft = make_draft(tiny_target)
+    attention = draft.midlayer.self_attn
+    x = torch.randn(1, 4, 2 * TINY_HIDDEN)
+    with torch.no_grad():
+        attention.gate_proj.weight.zero_()
+        attention.gate_proj.bias.fill_(-1e4)  # gate closed: o_proj sees zeros
+        closed = attention(hidden_states=x, cache_hidden=None, attention_mask=None,
+                           position_ids=torch.arange(4)[None])
+        attention.gate_proj.bias.fill_(1e4)  # gate open: plain EAGLE-3 attention
+        opened = attention(hidden_states=x, cache_hidden=None, attention_mask=None,
+                           position_ids=torch.arange(4)[None])
+    assert torch.allclose(closed, torch.zeros_like(closed))
+    assert opened.abs().sum() > 0
+    assert TINY_VOCAB > TINY_DRAFT_VOCAB
