@@ -7,11 +7,15 @@ submodules of the draft.
 
 from __future__ import annotations
 
+import os
+
 import torch
+from safetensors.torch import load_file
 from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
 from specforge.modeling.draft.registry import register_draft
 from transformers import LlamaConfig
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import read_outlets_config
 from specforge_outlets.model.gated_attention import add_output_gate
 from specforge_outlets.model.length_head import LengthHead
@@ -39,6 +43,27 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             added.append(self.midlayer.self_attn.gate_proj)
         for module in added:
             module.apply(self._init_weights)
+
+    @classmethod
+    def from_export(
+        cls, directory: str, *, target_model_path: str | None = None, dtype: torch.dtype = torch.float32
+    ) -> "OutletsLlamaForCausalLMEagle3":
+        """Load an ``outlets export`` directory in plain PyTorch.
+
+        Built eagerly rather than through ``from_pretrained``, whose meta-device initialisation
+        leaves SpecForge's non-persistent rotary buffers unset. The embedding is the target's
+        (exports omit it, as SGLang takes it from the target): pass ``target_model_path``.
+        """
+        weights = os.path.join(directory, "model.safetensors")
+        if not os.path.isfile(weights):
+            raise OutletsError(f"{directory} has no model.safetensors; is it an `outlets export` directory?")
+        model = cls(LlamaConfig.from_pretrained(directory)).to(dtype)
+        missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+        if unexpected or [key for key in missing if "embed" not in key]:
+            raise OutletsError(f"{weights} does not match its config.json: missing {missing}, unexpected {unexpected}")
+        if target_model_path is not None:
+            model.load_embedding(target_model_path)
+        return model.eval()
 
     def normalized_state(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H]
         """The state the LM head reads (``compute_logits``); the length head reads the same."""

@@ -83,6 +83,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
             loss=loss,
             metrics={
                 **drafting.metrics,
+                "total_loss": loss.detach(),  # SpecForge's own "loss" metric is the drafting loss
                 "sd_loss": drafting.loss.detach(),
                 "length_loss": fit.loss.detach(),
                 "length_l2": outputs.l2.detach(),

@@ -1,0 +1,162 @@
+"""`outlets train` / `outlets export` end to end on the tiny target, plus every refused input."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from specforge_outlets.cli import main
+from specforge_outlets.data.features import load_features, save_features
+from specforge_outlets.data.labels import NO_LABEL, shift_left
+from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
+from specforge_outlets.model.inference import predict_log_remaining
+from specforge_outlets.training.export_command import export_draft
+from tests.tiny_target import write_recipe
+
+
+def outlets(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "specforge_outlets.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, "WANDB_MODE": "offline", **(env or {})}, timeout=900)
+
+
+def length_mse(draft, features_dir):
+    errors = []
+    for path in sorted(glob.glob(os.path.join(features_dir, "*.ckpt"))):
+        features = load_features(path)
+        z = predict_log_remaining(draft, features["input_ids"][None], features["aux_hidden_state"])
+        labels = shift_left(features["remaining_length"][None], 1)
+        labelled = labels != NO_LABEL
+        errors.append((z[labelled] - torch.log1p(labels[labelled].float())) ** 2)
+    return torch.cat(errors).mean().item()
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_target, tiny_features, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run"))
+    recipe = write_recipe(os.path.join(out, "recipe.yaml"), tiny_target, tiny_features, out)
+    result = outlets("train", "--config", recipe)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def test_training_writes_checkpoint_with_gate_and_head(trained_run):
+    state = torch.load(glob.glob(os.path.join(trained_run, "tiny-step*", "training_state.pt"))[0], weights_only=False)
+    assert state["strategy"] == "eagle3-outlets"
+    keys = set(state["draft_state_dict"])
+    assert {"midlayer.self_attn.gate_proj.weight", "midlayer.self_attn.gate_proj.bias",
+            "length_head.mlp.0.weight", "length_head.mlp.4.bias"} <= keys
+    with open(os.path.join(trained_run, "draft_config.json")) as f:
+        config = json.load(f)
+    assert config["outlets_config"]["fusion_layers"] == [2, 3, 4]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+
+
+def test_training_logs_length_metrics_to_wandb_offline(trained_run):
+    runs = glob.glob(os.path.join(trained_run, "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(runs) == 1, os.listdir(trained_run)
+    with open(runs[0], "rb") as f:
+        records = f.read()  # protobuf records: history keys are stored as plain strings
+    for metric in (b"length_mse", b"length_mae_tokens", b"length_l2", b"length_loss", b"sd_loss", b"total_loss"):
+        assert metric in records, metric
+
+
+def test_export_round_trip_and_length_loss_fell(trained_run, tiny_target, tiny_features, tmp_path):
+    export = export_draft(trained_run, str(tmp_path / "draft"))
+    with open(os.path.join(export, "config.json")) as f:
+        config = json.load(f)
+    assert config["architectures"] == ["OutletsLlamaForCausalLMEagle3"]
+    assert config["outlets_config"]["head_widths"] == [32, 16, 8]
+    with safe_open(os.path.join(export, "model.safetensors"), "pt") as f:
+        assert {"length_head.mlp.0.weight", "midlayer.self_attn.gate_proj.weight", "d2t", "t2d"} <= set(f.keys())
+    draft = OutletsLlamaForCausalLMEagle3.from_export(export, target_model_path=tiny_target)
+
+    # the export reproduces the checkpoint's predictions exactly
+    state = torch.load(glob.glob(os.path.join(trained_run, "tiny-step*", "training_state.pt"))[0], weights_only=False)
+    reference = OutletsLlamaForCausalLMEagle3(draft.config).float().eval()
+    reference.load_state_dict(state["draft_state_dict"], strict=False)
+    reference.load_embedding(tiny_target)
+    features = load_features(sorted(glob.glob(os.path.join(tiny_features, "*.ckpt")))[0])
+    args = (features["input_ids"][None], features["aux_hidden_state"])
+    assert torch.equal(predict_log_remaining(draft, *args), predict_log_remaining(reference, *args))
+
+    # and training lowered the length error far below the untrained head's
+    untrained = OutletsLlamaForCausalLMEagle3(draft.config).float().eval()
+    untrained.load_embedding(tiny_target)
+    before, after = length_mse(untrained, tiny_features), length_mse(draft, tiny_features)
+    assert after < 0.5 * before, (before, after)
+
+
+def test_two_rank_cpu_run(tiny_target, tiny_features, tmp_path):
+    recipe = write_recipe(str(tmp_path / "recipe.yaml"), tiny_target, tiny_features, str(tmp_path),
+                          training={"max_steps": 2, "num_epochs": 1, "batch_size": 2},
+                          deployment={"trainer": {"nproc_per_node": 2}},
+                          tracking={"report_to": "none"})
+    result = outlets("train", "--config", recipe, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert glob.glob(str(tmp_path / "tiny-step2" / "training_state.pt"))
+    assert glob.glob(str(tmp_path / "tiny-step2" / "training_state_rank1.pt"))
+
+
+# --- refused before any training starts --------------------------------------------------------
+
+
+def refused(capsys, recipe, *overrides):
+    assert main(["train", "--config", recipe, *overrides]) == 2
+    return capsys.readouterr().err
+
+
+@pytest.fixture()
+def recipe(tiny_target, tiny_features, tmp_path):
+    return write_recipe(str(tmp_path / "recipe.yaml"), tiny_target, tiny_features, str(tmp_path / "out"))
+
+
+def test_unknown_keys_are_refused(capsys, recipe):
+    assert "outlets.lenght_loss_weight" in refused(capsys, recipe, "outlets.lenght_loss_weight=1")
+    assert "training.learning_rat" in refused(capsys, recipe, "training.learning_rat=1")
+
+
+def test_hidden_size_mismatch_is_refused(capsys, tiny_target, tiny_features, tmp_path):
+    with open(os.path.join(tiny_target, "draft_config.json")) as f:
+        config = json.load(f)
+    config["hidden_size"] = 48
+    path = tmp_path / "draft.json"
+    path.write_text(json.dumps(config))
+    recipe = write_recipe(str(tmp_path / "r.yaml"), tiny_target, tiny_features, str(tmp_path / "o"),
+                          model={"draft_model_config": str(path)})
+    assert "hidden_size=48 does not match the target's hidden_size=32" in refused(capsys, recipe)
+
+
+def test_fusion_layers_outside_target_depth_are_refused(capsys, recipe):
+    assert "outlets.fusion_layers" in refused(capsys, recipe, "outlets.fusion_layers=[2,3,9]")
+
+
+def test_features_without_labels_are_refused(capsys, tiny_target, tiny_features, tmp_path):
+    features = {k: v for k, v in torch.load(sorted(glob.glob(os.path.join(tiny_features, "*.ckpt")))[0]).items()
+                if k != "remaining_length"}
+    (tmp_path / "f").mkdir()
+    torch.save(features, tmp_path / "f" / "a.ckpt")
+    recipe = write_recipe(str(tmp_path / "r.yaml"), tiny_target, str(tmp_path / "f"), str(tmp_path / "o"))
+    assert "no 'remaining_length' tensor" in refused(capsys, recipe)
+
+
+def test_cpu_fsdp_sharding_is_refused(capsys, recipe):
+    assert "NO_SHARD" in refused(capsys, recipe, "training.fsdp_sharding=FULL_SHARD")
+
+
+def test_resuming_another_algorithms_checkpoint_is_refused(capsys, recipe, tmp_path):
+    (tmp_path / "eagle3-step1").mkdir()
+    torch.save({"strategy": "eagle3", "draft_state_dict": {}}, tmp_path / "eagle3-step1" / "training_state.pt")
+    err = refused(capsys, recipe, f"training.resume_from={tmp_path / 'eagle3-step1'}")
+    assert "'eagle3' checkpoint" in err
+
+
+def test_exporting_another_algorithms_checkpoint_is_refused(capsys, tmp_path):
+    torch.save({"strategy": "eagle3", "draft_state_dict": {}}, tmp_path / "training_state.pt")
+    assert main(["export", "--checkpoint", str(tmp_path / "training_state.pt"), "--output", str(tmp_path / "x")]) == 2
+    assert "strategy 'eagle3'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
