@@ -57,7 +57,12 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     from pydantic import ValidationError
     from specforge.config.schema import Config, apply_overrides, migrate_legacy_config
 
+    from specforge_outlets.data.targets import resolve_target
+
     raw = read_recipe_file(path)
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("target_model_path"), str):
+        model["target_model_path"] = resolve_target(model["target_model_path"])  # e.g. smollm2-135m
     block = copy.deepcopy(raw.pop(OUTLETS_BLOCK, None) or {})
     if not isinstance(block, dict):
         raise OutletsError(f"recipe {path}: the '{OUTLETS_BLOCK}:' block must be a mapping")

@@ -1,0 +1,31 @@
+"""Every shipped recipe validates against SpecForge's schema and the method's settings."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from specforge_outlets.training.recipe import load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(glob.glob(os.path.join(ROOT, "recipes", "*-outlets.yaml")))
+
+
+def test_the_promised_recipes_exist():
+    names = {os.path.basename(path) for path in RECIPES}
+    assert {"llama3.2-1b-outlets.yaml", "llama3.1-8b-outlets.yaml", "qwen3-30b-a3b-outlets.yaml",
+            "smollm2-135m-cpu-outlets.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if "cpu" not in p], ids=os.path.basename)
+def test_gpu_recipes_follow_the_method(path):
+    recipe = load_recipe(path)
+    training = recipe.config.training
+    assert training.strategy == "eagle3-outlets"
+    assert training.num_epochs <= 10 and training.seed == 0
+    assert recipe.settings.length_loss_weight == 0.1 and recipe.settings.length_l2_weight == 1e-5
+    draft = recipe.config.model.draft_model_config
+    if draft:
+        with open(os.path.join(ROOT, draft)) as f:
+            assert json.load(f)["architectures"] == ["OutletsLlamaForCausalLMEagle3"]
