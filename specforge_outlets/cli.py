@@ -17,6 +17,7 @@ from specforge_outlets.errors import OutletsError
 COMMAND_MODULES = (
     "specforge_outlets.training.train_command",
     "specforge_outlets.training.export_command",
+    "specforge_outlets.simulation.simulate_command",
 )
 
 

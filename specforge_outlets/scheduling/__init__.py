@@ -1,0 +1,59 @@
+"""Shared scheduling core: the SJF-with-aging ordering key, waiting queues and routing.
+
+Pure Python (no torch, no SGLang) so that the SGLang plugin and the serving simulator use the same
+code: what is simulated is what is served.
+"""
+
+from specforge_outlets.scheduling.keys import (
+    DEFAULT_AGING_TOKENS_PER_S,
+    DEFAULT_PRIOR_OUTPUT_LEN,
+    MIN_PREDICTED_REMAINING,
+    SchedulingConfig,
+    aging_window_s,
+    predicted_remaining,
+    sjf_sort_key,
+)
+from specforge_outlets.scheduling.request_queue import (
+    FCFSRequestQueue,
+    QueuePolicy,
+    RequestQueue,
+    SJFRequestQueue,
+    create_request_queue,
+)
+from specforge_outlets.scheduling.routing import (
+    LeastPredictedWorkRouter,
+    LeastRequestsRouter,
+    RankLoad,
+    RoundRobinRouter,
+    Router,
+    RoutingPolicy,
+    create_router,
+    least_predicted_work_rank,
+    least_requests_rank,
+    rank_load,
+)
+
+__all__ = [
+    "DEFAULT_AGING_TOKENS_PER_S",
+    "DEFAULT_PRIOR_OUTPUT_LEN",
+    "MIN_PREDICTED_REMAINING",
+    "SchedulingConfig",
+    "aging_window_s",
+    "predicted_remaining",
+    "sjf_sort_key",
+    "FCFSRequestQueue",
+    "QueuePolicy",
+    "RequestQueue",
+    "SJFRequestQueue",
+    "create_request_queue",
+    "LeastPredictedWorkRouter",
+    "LeastRequestsRouter",
+    "RankLoad",
+    "RoundRobinRouter",
+    "Router",
+    "RoutingPolicy",
+    "create_router",
+    "least_predicted_work_rank",
+    "least_requests_rank",
+    "rank_load",
+]

@@ -1,0 +1,392 @@
+"""Discrete-event simulation of a serving cluster, driven by a trace.
+
+Events are kept in one heap: arrivals, prefill batches ending, KV transfers ending, and decode
+segments ending. A decode segment is a run of steps of an unchanged batch, up to the next request
+that finishes; its length comes in closed form from the step-time model
+(:meth:`StepTimeModel.decode_steps_time`), so the cost is per event, never per token. A request
+arriving at a busy instance with room for it cuts the segment at the end of the step in progress,
+as continuous batching admits new requests between steps. Each request causes a bounded number of
+events (arrival, prefill, transfer, admission cut, finish), so a run costs
+O(events * log(events)) plus, for least-predicted-work routing only, one pass over the running
+requests of every candidate instance per routing decision.
+
+Queues and routing come from :mod:`specforge_outlets.scheduling`, the code the SGLang plugin uses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.scheduling import (
+    QueuePolicy,
+    RankLoad,
+    RoutingPolicy,
+    SchedulingConfig,
+    create_request_queue,
+    create_router,
+    least_requests_rank,
+    predicted_remaining,
+    rank_load,
+)
+from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, PredictionPoint
+from specforge_outlets.simulation.trace import Trace
+
+# Float slack when deciding whether an arrival falls exactly on a step boundary.
+BOUNDARY_TOLERANCE_S = 1e-9
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One policy combination under study."""
+
+    routing: RoutingPolicy
+    queue: QueuePolicy
+
+    @property
+    def label(self) -> str:
+        return f"{self.routing.value}+{self.queue.value}"
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Per-request times (s) of one run, in trace order."""
+
+    arrival_times: np.ndarray
+    first_token_times: np.ndarray
+    finish_times: np.ndarray
+    queue_delays: np.ndarray
+    output_lens: np.ndarray
+
+
+class SimRequest:
+    """A request as it moves through the cluster (the fields the scheduling core reads included)."""
+
+    __slots__ = (
+        "index", "arrival_time", "input_len", "output_len", "prediction", "predicted_output_len",
+        "num_generated_tokens", "reservation", "enqueue_time", "queue_delay", "pending_work",
+        "prefill_left", "join_step", "first_token_time", "finish_time",
+    )
+
+    def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
+                 prediction: Optional[float], reservation: int) -> None:
+        self.index = index
+        self.arrival_time = arrival_time
+        self.input_len = input_len
+        self.output_len = output_len
+        self.prediction = prediction  # revealed to the scheduler at the cluster's prediction point
+        self.predicted_output_len: Optional[float] = None
+        self.num_generated_tokens = 0
+        self.reservation = reservation
+        self.enqueue_time = 0.0
+        self.queue_delay = 0.0
+        self.pending_work = 0.0  # this request's share of its instance's waiting work
+        self.prefill_left = input_len
+        self.join_step = 0
+        self.first_token_time = np.nan
+        self.finish_time = np.nan
+
+
+class PrefillInstance:
+    """Disaggregated prefill: batches prompts in queue order up to ``max_prefill_tokens``."""
+
+    def __init__(self, sim: "Simulation") -> None:
+        self.sim = sim
+        self.queue = create_request_queue(sim.policy.queue, sim.scheduling)
+        self.batch: List[SimRequest] = []
+
+    def num_requests(self) -> int:
+        return len(self.queue) + len(self.batch)
+
+    def enqueue(self, now: float, request: SimRequest) -> None:
+        request.enqueue_time = now
+        self.queue.add_request(request)
+        if not self.batch:
+            self._start_batch(now)
+
+    def _start_batch(self, now: float) -> None:
+        budget, tokens = self.sim.cluster.max_prefill_tokens, 0
+        # Like SGLang: admit in queue order until the first prompt that does not fit (one always does).
+        while self.queue and (not self.batch or tokens + self.queue.peek_request().input_len <= budget):
+            request = self.queue.pop_request()
+            request.queue_delay += now - request.enqueue_time
+            tokens += request.input_len
+            self.batch.append(request)
+        self.sim.schedule(now + self.sim.model.step_time(0, tokens), self._finish_batch, None)
+
+    def _finish_batch(self, now: float, _: None) -> None:
+        batch, self.batch = self.batch, []
+        for request in batch:
+            self.sim.prefill_done(now, request)
+        if self.queue:
+            self._start_batch(now)
+
+
+class EngineInstance:
+    """Continuous batching with a KV budget: a decode instance, or with chunked prefill, a colocated one.
+
+    Steps are counted per instance; a running request's generated tokens are
+    ``1 + steps_done - join_step`` (the first token comes from prefill), so advancing a segment
+    touches no request.
+    """
+
+    def __init__(self, sim: "Simulation", chunked_prefill_size: int) -> None:
+        self.sim = sim
+        self.model = sim.model
+        self.chunked_prefill_size = chunked_prefill_size  # 0: decode only
+        self.capacity = sim.cluster.kv_capacity()
+        self.max_running = sim.cluster.max_running_requests
+        self.queue = create_request_queue(sim.policy.queue, sim.scheduling)
+        self.running: Dict[int, SimRequest] = {}
+        self.finish_heap: List[Tuple[int, int, SimRequest]] = []  # (finish step, index, request)
+        self.prefilling: Deque[SimRequest] = deque()
+        self.incoming = 0  # routed here, not yet in the queue (KV in transfer)
+        self.pending_work = 0.0  # predicted work of requests not yet decoding
+        self.steps_done = 0
+        self.kv_tokens = 0  # context tokens of running requests after steps_done steps
+        self.kv_reserved = 0
+        # The segment in progress.
+        self.busy = False
+        self.segment_start = 0.0
+        self.segment_steps = 0
+        self.segment_batch = 0
+        self.segment_kv = 0
+        self.segment_chunk: List[Tuple[SimRequest, int]] = []  # prefill tokens of a mixed step
+        self.segment_version = 0
+
+    # --- load, as a router sees it -------------------------------------------------------------
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.prefilling) + len(self.queue) + self.incoming
+
+    def load(self, now: float, with_work: bool) -> RankLoad:
+        waiting = len(self.prefilling) + len(self.queue) + self.incoming
+        if not with_work:
+            return RankLoad(waiting + len(self.running), 0.0)
+        steps = self.steps_done + self._segment_steps_done(now)
+        running = ((r.predicted_output_len, 1 + steps - r.join_step) for r in self.running.values())
+        return rank_load(running, self.sim.scheduling.prior_output_len, RankLoad(waiting, self.pending_work))
+
+    def _segment_steps_done(self, now: float) -> int:
+        if not self.busy or self.segment_chunk:
+            return 0
+        done = self.model.decode_steps_done(now - self.segment_start, self.segment_batch, self.segment_kv)
+        return min(done, self.segment_steps)
+
+    # --- requests coming in ---------------------------------------------------------------------
+    def add_incoming(self, request: SimRequest) -> None:
+        """Count a request routed here; its work is static until it starts decoding."""
+        self.incoming += 1
+        request.pending_work = predicted_remaining(
+            request.predicted_output_len, request.num_generated_tokens, self.sim.scheduling.prior_output_len
+        )
+        self.pending_work += request.pending_work
+
+    def enqueue(self, now: float, request: SimRequest) -> None:
+        self.incoming -= 1
+        request.enqueue_time = now
+        self.queue.add_request(request)
+        if not self.busy:
+            self._admit(now)
+            self._start_segment(now)
+        elif not self.segment_chunk and self._can_admit_head():
+            self._cut_segment(now)
+
+    def _can_admit_head(self) -> bool:
+        if not self.queue or len(self.running) + len(self.prefilling) >= self.max_running:
+            return False
+        return self.kv_reserved + self.queue.peek_request().reservation <= self.capacity
+
+    def _cut_segment(self, now: float) -> None:
+        """End the decode segment after the step in progress, so the new request joins the batch."""
+        elapsed = now - self.segment_start - BOUNDARY_TOLERANCE_S  # arriving at a step boundary joins it
+        steps = self.model.decode_steps_done(elapsed, self.segment_batch, self.segment_kv) + 1
+        if steps < self.segment_steps:
+            self._schedule_segment_end(steps)
+
+    def _admit(self, now: float) -> None:
+        while self._can_admit_head():
+            request = self.queue.pop_request()
+            request.queue_delay += now - request.enqueue_time
+            self.kv_reserved += request.reservation
+            if self.chunked_prefill_size:
+                self.prefilling.append(request)
+            else:
+                self._start_decoding(request)
+
+    def _start_decoding(self, request: SimRequest) -> None:
+        self.pending_work -= request.pending_work
+        request.num_generated_tokens = 1
+        request.join_step = self.steps_done
+        self.running[request.index] = request
+        self.kv_tokens += request.input_len + 1
+        heapq.heappush(self.finish_heap, (self.steps_done + request.output_len - 1, request.index, request))
+
+    # --- segments -------------------------------------------------------------------------------
+    def _start_segment(self, now: float) -> None:
+        self.segment_start, self.segment_batch, self.segment_kv = now, len(self.running), self.kv_tokens
+        self.segment_chunk = []
+        if self.prefilling:
+            # A mixed step: every running request decodes one token, prompts take the chunk budget.
+            budget = self.chunked_prefill_size
+            for request in self.prefilling:
+                tokens = min(request.prefill_left, budget)
+                self.segment_chunk.append((request, tokens))
+                budget -= tokens
+                if budget == 0:
+                    break
+            prefill_tokens = self.chunked_prefill_size - budget
+            self.busy = True
+            self.segment_steps = 1
+            self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens))
+        elif self.running:
+            self.busy = True
+            self._schedule_segment_end(self.finish_heap[0][0] - self.steps_done)
+        else:
+            self.busy = False
+
+    def _schedule_segment_end(self, steps: int) -> None:
+        self.segment_steps = steps
+        duration = self.model.decode_steps_time(steps, self.segment_batch, self.segment_kv)
+        self._schedule_end_at(self.segment_start + duration)
+
+    def _schedule_end_at(self, time: float) -> None:
+        self.segment_version += 1  # an earlier end event of a cut segment becomes stale
+        self.sim.schedule(time, self._end_segment, self.segment_version)
+
+    def _end_segment(self, now: float, version: int) -> None:
+        if version != self.segment_version:
+            return
+        self.steps_done += self.segment_steps
+        self.kv_tokens += self.segment_batch * self.segment_steps
+        while self.finish_heap and self.finish_heap[0][0] <= self.steps_done:
+            _, index, request = heapq.heappop(self.finish_heap)
+            del self.running[index]
+            self.kv_tokens -= request.input_len + request.output_len
+            self.kv_reserved -= request.reservation
+            self.sim.finish(now, request)
+        for request, tokens in self.segment_chunk:
+            request.prefill_left -= tokens
+            if request.prefill_left == 0:
+                self.prefilling.popleft()
+                self.sim.first_token(now, request)
+                if request.output_len == 1:
+                    self.pending_work -= request.pending_work
+                    self.kv_reserved -= request.reservation
+                    self.sim.finish(now, request)
+                else:
+                    self._start_decoding(request)
+        self._admit(now)
+        self._start_segment(now)
+
+
+class Simulation:
+    """One run: a trace, its predictions, a cluster and a policy combination."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        predictions: Sequence[Optional[float]],
+        cluster: ClusterConfig,
+        policy: Policy,
+        scheduling: SchedulingConfig,
+    ) -> None:
+        check_fits(trace, cluster)
+        self.cluster, self.policy, self.scheduling = cluster, policy, scheduling
+        self.model = cluster.step_time_model()
+        self.router = create_router(policy.routing)
+        self.requests = [
+            SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
+                       int(cluster.kv_reservation(input_len, output_len)))
+            for index, (arrival, input_len, output_len, prediction) in enumerate(
+                zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions)
+            )
+        ]
+        self._events: List[Tuple[float, int, Callable, object]] = []
+        self._sequence = itertools.count()
+        if cluster.mode is ClusterMode.DISAGGREGATED:
+            self.prefill = [PrefillInstance(self) for _ in range(cluster.prefill_instances)]
+            self.engines = [EngineInstance(self, 0) for _ in range(cluster.decode_instances)]
+        else:
+            self.prefill = []
+            self.engines = [EngineInstance(self, cluster.chunked_prefill_size) for _ in range(cluster.instances)]
+
+    def schedule(self, time: float, callback: Callable[[float, object], None], argument: object) -> None:
+        heapq.heappush(self._events, (time, next(self._sequence), callback, argument))
+
+    def run(self) -> SimulationResult:
+        events, requests = self._events, self.requests
+        next_arrival = 0
+        while True:
+            arrival_time = requests[next_arrival].arrival_time if next_arrival < len(requests) else np.inf
+            if events and events[0][0] <= arrival_time:
+                time, _, callback, argument = heapq.heappop(events)
+                callback(time, argument)
+            elif next_arrival < len(requests):
+                self._arrive(arrival_time, requests[next_arrival])
+                next_arrival += 1
+            else:
+                break
+        return SimulationResult(
+            np.array([r.arrival_time for r in requests]),
+            np.array([r.first_token_time for r in requests]),
+            np.array([r.finish_time for r in requests]),
+            np.array([r.queue_delay for r in requests]),
+            np.array([r.output_len for r in requests]),
+        )
+
+    # --- request life cycle ---------------------------------------------------------------------
+    def _arrive(self, now: float, request: SimRequest) -> None:
+        if self.cluster.predict_at is PredictionPoint.ARRIVAL:
+            request.predicted_output_len = request.prediction
+        if self.prefill:
+            rank = least_requests_rank([RankLoad(instance.num_requests(), 0.0) for instance in self.prefill])
+            self.prefill[rank].enqueue(now, request)
+        else:
+            self._route(now, request).enqueue(now, request)
+
+    def _route(self, now: float, request: SimRequest) -> EngineInstance:
+        with_work = self.router.needs_predicted_work
+        engine = self.engines[self.router.select([engine.load(now, with_work) for engine in self.engines])]
+        engine.add_incoming(request)
+        return engine
+
+    def first_token(self, now: float, request: SimRequest) -> None:
+        request.first_token_time = now
+        request.num_generated_tokens = 1
+        if self.cluster.predict_at is PredictionPoint.PREFILL:
+            request.predicted_output_len = request.prediction
+
+    def prefill_done(self, now: float, request: SimRequest) -> None:
+        """Disaggregated: the prompt's KV goes to the decode instance chosen by the router."""
+        transfer_s = self.cluster.kv_transfer_latency_s + (
+            request.input_len * self.model.kv_bytes_per_token / self.cluster.kv_transfer_bandwidth
+        )
+        self.first_token(now + transfer_s, request)
+        if request.output_len == 1:
+            self.finish(now + transfer_s, request)
+            return
+        self.schedule(now + transfer_s, self._route(now, request).enqueue, request)
+
+    def finish(self, now: float, request: SimRequest) -> None:
+        request.finish_time = now
+
+
+def check_fits(trace: Trace, cluster: ClusterConfig) -> None:
+    """Every request must fit one instance's KV cache on its own, or it would wait forever."""
+    capacity = cluster.kv_capacity()
+    needs = cluster.kv_reservation(trace.input_lens, trace.output_lens)
+    too_big = np.flatnonzero(needs > capacity)
+    if too_big.size:
+        row = int(too_big[0])
+        raise OutletsError(
+            f"trace {trace.name} row {row} (id {trace.ids[row]}): needs {int(needs[row])} KV tokens "
+            f"(input_length {int(trace.input_lens[row])} + max(max_new_tokens, output_length)) but an instance "
+            f"holds kv_capacity_tokens={capacity}; raise kv_capacity_tokens (or memory_fraction), lower "
+            f"max_new_tokens, or drop the {too_big.size} request(s) that do not fit"
+        )

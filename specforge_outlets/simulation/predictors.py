@@ -1,0 +1,110 @@
+"""Predicted output lengths for the requests of a trace.
+
+``none``: no predictions (every request counts with the scheduling prior). ``oracle``: the true
+length. ``noisy``: the true length times a log-normal error, ``exp(N(0, sigma))``, median-unbiased,
+a stand-in for measured errors. ``file``: per-request predictions from a JSONL with ``id`` and
+``predicted_output_len``, joined by id when every trace id is in the file; otherwise, when the
+file also gives the true length (``true_output_len`` or ``output_length``), errors are sampled
+from the file's empirical distribution of ``log(predicted / true)`` within the trace request's
+true-length bucket (equal-count buckets), so that a trace with only lengths gets realistic errors.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.simulation.trace import Trace
+
+# Default spread of the noisy predictor: sigma = 0.5 puts the 16th-84th percentile of the error
+# at x0.61 to x1.65 of the true length.
+DEFAULT_NOISE_SIGMA = 0.5
+# Equal-count true-length buckets of the empirical error distribution.
+NUM_ERROR_BUCKETS = 8
+TRUE_LENGTH_FIELDS = ("true_output_len", "output_length")
+
+
+class PredictorKind(Enum):
+    """Where the simulated predictions come from."""
+
+    NONE = "none"
+    ORACLE = "oracle"
+    NOISY = "noisy"
+    FILE = "file"
+
+
+def predict_lengths(
+    kind: PredictorKind,
+    trace: Trace,
+    seed: int,
+    noise_sigma: float = DEFAULT_NOISE_SIGMA,
+    predictions_path: Optional[str] = None,
+) -> List[Optional[float]]:
+    """One predicted output length per trace request (``None``: no prediction)."""
+    if kind is PredictorKind.NONE:
+        return [None] * len(trace)
+    true = trace.output_lens.astype(np.float64)
+    rng = np.random.default_rng(seed)
+    if kind is PredictorKind.ORACLE:
+        return true.tolist()
+    if kind is PredictorKind.NOISY:
+        if not (noise_sigma >= 0 and math.isfinite(noise_sigma)):
+            raise OutletsError(f"--noise-sigma must be a non-negative number, got {noise_sigma}")
+        return (true * np.exp(rng.normal(0.0, noise_sigma, size=len(trace)))).tolist()
+    if predictions_path is None:
+        raise OutletsError("--predictor file needs --predictions FILE (JSONL with id, predicted_output_len)")
+    return _from_file(predictions_path, trace, rng)
+
+
+def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:
+    predicted: Dict[str, float] = {}
+    log_errors: List[float] = []
+    true_lens: List[float] = []
+    for line_number, row in iter_jsonl(path):
+        if isinstance(row, BadLine):
+            raise OutletsError(str(row))
+        where = f"predictions {path} line {line_number}"
+        if "id" not in row or "predicted_output_len" not in row:
+            raise OutletsError(f"{where}: each line needs id and predicted_output_len")
+        value = row["predicted_output_len"]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise OutletsError(f"{where}: predicted_output_len must be a positive number, got {value!r}")
+        predicted[str(row["id"])] = float(value)
+        true = next((row[field] for field in TRUE_LENGTH_FIELDS if field in row), None)
+        if true is not None:
+            if not isinstance(true, (int, float)) or isinstance(true, bool) or not true > 0:
+                raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
+            true_lens.append(float(true))
+            log_errors.append(math.log(value / true))
+    if not predicted:
+        raise OutletsError(f"predictions {path}: no predictions")
+    missing = [request_id for request_id in trace.ids if request_id not in predicted]
+    if not missing:
+        return [predicted[request_id] for request_id in trace.ids]
+    if not log_errors:
+        raise OutletsError(
+            f"predictions {path}: {len(missing)} trace id(s) missing (first: {missing[0]!r}) and no "
+            f"{' or '.join(TRUE_LENGTH_FIELDS)} field to sample errors from; join on the same ids or add true lengths"
+        )
+    return _sample_errors(np.asarray(true_lens), np.asarray(log_errors), trace, rng)
+
+
+def _sample_errors(
+    true_lens: np.ndarray, log_errors: np.ndarray, trace: Trace, rng: np.random.Generator
+) -> List[Optional[float]]:
+    """Predicted = true * exp(error), the error drawn from the file's errors in the same length bucket."""
+    order = np.argsort(true_lens, kind="stable")
+    buckets = np.array_split(order, min(NUM_ERROR_BUCKETS, len(order)))
+    upper_edges = np.array([true_lens[bucket[-1]] for bucket in buckets[:-1]])
+    target = trace.output_lens.astype(np.float64)
+    bucket_of = np.searchsorted(upper_edges, target, side="left")
+    errors = np.empty(len(trace))
+    for index, bucket in enumerate(buckets):
+        members = bucket_of == index
+        errors[members] = log_errors[rng.choice(bucket, size=int(members.sum()))]
+    return (target * np.exp(errors)).tolist()

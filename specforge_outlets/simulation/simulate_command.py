@@ -1,0 +1,110 @@
+"""``outlets simulate``: trace-driven simulation of a serving cluster under every scheduling policy."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def register(subparsers) -> None:
+    from specforge_outlets.scheduling.keys import DEFAULT_AGING_TOKENS_PER_S, DEFAULT_PRIOR_OUTPUT_LEN
+
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate a serving cluster on a trace under routing x queue-order policies",
+        description=(
+            "Discrete-event simulation of LLM serving (disaggregated prefill/decode or colocated) driven by a "
+            "trace. Sweeps load, runs every routing x queue-order combination and the controlled study "
+            "(SJF fixed, predictor varied), and writes summary.json, summary.md and PNG plots."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSONL "
+                                        "(timestamp,input_length,output_length[,id])")
+    source.add_argument("--poisson-rate", type=float, help="synthetic Poisson arrivals at this many requests/s, "
+                                                           "lengths drawn from --lengths-from")
+    parser.add_argument("--lengths-from", help="trace whose (input, output) lengths a Poisson trace draws")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="Poisson: number of requests (default 10000); trace: keep only the first N")
+    parser.add_argument("--config", required=True, help="cluster YAML (see recipes/cluster-*.yaml)")
+    parser.add_argument("--output", required=True, help="directory for summary.json, summary.md and plots")
+    parser.add_argument("--rate-scale", type=float, nargs="+", default=[1.0],
+                        help="arrival-rate multipliers to sweep (default 1)")
+    parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
+                        choices=["round-robin", "least-requests", "least-predicted-work"])
+    parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf"], choices=["fcfs", "sjf"])
+    parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file"],
+                        help="predictor of the policy grid (default noisy)")
+    parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
+    parser.add_argument("--predictions", help="JSONL of id, predicted_output_len[, true_output_len] for --predictor file")
+    parser.add_argument("--no-controlled-study", action="store_true",
+                        help="skip the SJF-fixed, predictor-varied study")
+    parser.add_argument("--study-routing", default="least-predicted-work",
+                        choices=["round-robin", "least-requests", "least-predicted-work"],
+                        help="routing of the controlled study (default least-predicted-work)")
+    parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
+    parser.add_argument("--prior-output-len", type=float, default=DEFAULT_PRIOR_OUTPUT_LEN,
+                        help="output length assumed for requests without a prediction")
+    parser.add_argument("--aging-rate", type=float, default=DEFAULT_AGING_TOKENS_PER_S,
+                        help="SJF aging: tokens of predicted length one second of waiting is worth (0: none)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specforge_outlets.errors import OutletsError
+    from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
+    from specforge_outlets.simulation.cluster import load_cluster_config
+    from specforge_outlets.simulation.predictors import PredictorKind
+    from specforge_outlets.simulation.report import write_report
+    from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
+    from specforge_outlets.simulation.trace import load_trace, synthetic_poisson
+
+    cluster = load_cluster_config(args.config)
+    if args.poisson_rate is not None:
+        if not args.lengths_from:
+            raise OutletsError("--poisson-rate needs --lengths-from TRACE to draw request lengths from")
+        trace = synthetic_poisson(load_trace(args.lengths_from), args.poisson_rate, args.num_requests or 10000, args.seed)
+    else:
+        trace = load_trace(args.trace)
+        if args.num_requests is not None:
+            if args.num_requests < 1:
+                raise OutletsError(f"--num-requests must be at least 1, got {args.num_requests}")
+            trace = trace.head(args.num_requests)
+    try:
+        scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate)
+    except ValueError as exc:
+        raise OutletsError(f"--prior-output-len/--aging-rate: {exc}") from None
+    if args.short_threshold < 1:
+        raise OutletsError(f"--short-threshold must be at least 1, got {args.short_threshold}")
+    predictor = PredictorKind(args.predictor)
+    study_predictors = [] if args.no_controlled_study else [PredictorKind.NONE, PredictorKind.NOISY, PredictorKind.ORACLE]
+    if args.predictions and not args.no_controlled_study:
+        study_predictors.insert(2, PredictorKind.FILE)
+    plan = StudyPlan(
+        rate_scales=args.rate_scale,
+        policies=policy_grid([RoutingPolicy(r) for r in args.routing], [QueuePolicy(q) for q in args.queue]),
+        predictor=predictor,
+        study_predictors=study_predictors,
+        study_routing=RoutingPolicy(args.study_routing),
+        noise_sigma=args.noise_sigma,
+        predictions_path=args.predictions,
+        short_threshold=args.short_threshold,
+        seed=args.seed,
+    )
+    print(f"simulate: {trace.name}, {len(trace)} requests over {trace.duration_s:.0f} s "
+          f"({trace.offered_rps:.2f} req/s at x1), {cluster.mode.value} cluster")
+    rows = run_study(trace, cluster, scheduling, plan, progress=print)
+    header = {
+        "trace": trace.name,
+        "requests": len(trace),
+        "trace_duration_s": trace.duration_s,
+        "cluster": {key: getattr(value, "value", value) for key, value in dataclasses.asdict(cluster).items()},
+        "kv_capacity_tokens_per_instance": cluster.kv_capacity(),
+        "scheduling": dataclasses.asdict(scheduling),
+        "noise_sigma": args.noise_sigma,
+        "short_threshold": args.short_threshold,
+        "seed": args.seed,
+    }
+    for path in write_report(args.output, header, rows):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,179 @@
+"""The shared scheduling core: ordering key, aging bound, queues and routers."""
+
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+
+from specforge_outlets.scheduling import (
+    MIN_PREDICTED_REMAINING,
+    FCFSRequestQueue,
+    LeastPredictedWorkRouter,
+    LeastRequestsRouter,
+    QueuePolicy,
+    RankLoad,
+    RoundRobinRouter,
+    RoutingPolicy,
+    SchedulingConfig,
+    SJFRequestQueue,
+    aging_window_s,
+    create_request_queue,
+    create_router,
+    least_predicted_work_rank,
+    predicted_remaining,
+    rank_load,
+    sjf_sort_key,
+)
+
+
+@dataclass
+class Req:
+    name: str
+    arrival_time: float
+    predicted_output_len: Optional[float]
+    num_generated_tokens: int = 0
+
+
+def drain(queue):
+    return [queue.pop_request().name for _ in range(len(queue))]
+
+
+# --- key ------------------------------------------------------------------------------------------
+def test_predicted_remaining_subtracts_generated_tokens_and_uses_prior_when_unknown():
+    assert predicted_remaining(100.0, 30, prior_output_len=256) == 70.0
+    assert predicted_remaining(None, 6, prior_output_len=256) == 250.0
+    # A request that ran past its prediction is about to finish, not negative work.
+    assert predicted_remaining(10.0, 50, prior_output_len=256) == MIN_PREDICTED_REMAINING
+
+
+def test_sjf_key_orders_shortest_remaining_first_and_ties_by_arrival():
+    config = SchedulingConfig(prior_output_len=256, aging_tokens_per_s=0.0)
+    assert sjf_sort_key(50, 0, 5.0, config) < sjf_sort_key(60, 0, 1.0, config)
+    assert sjf_sort_key(90, 40, 5.0, config) < sjf_sort_key(60, 0, 1.0, config)  # 50 left < 60 left
+    assert sjf_sort_key(60, 0, 1.0, config) < sjf_sort_key(60, 0, 2.0, config)  # tie -> earlier arrival
+
+
+def test_sjf_key_ages_linearly_with_waiting_time():
+    config = SchedulingConfig(prior_output_len=256, aging_tokens_per_s=10.0)
+    # 100 tokens at t=0 vs 60 tokens at t=5: 100 + 0 > 60 + 50 is false -> the old long one goes first.
+    assert sjf_sort_key(100, 0, 0.0, config) < sjf_sort_key(60, 0, 5.0, config)
+    assert sjf_sort_key(100, 0, 0.0, config) > sjf_sort_key(60, 0, 3.0, config)
+
+
+@pytest.mark.parametrize("kwargs", [{"prior_output_len": 0}, {"aging_tokens_per_s": -1.0},
+                                    {"prior_output_len": float("nan")}])
+def test_scheduling_config_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        SchedulingConfig(**kwargs)
+
+
+def test_aging_window_is_the_stated_bound_at_its_edges():
+    config = SchedulingConfig(aging_tokens_per_s=10.0)
+    window = aging_window_s(100.0, config)
+    assert window == pytest.approx((100.0 - MIN_PREDICTED_REMAINING) / 10.0)
+    assert aging_window_s(100.0, SchedulingConfig(aging_tokens_per_s=0.0)) == float("inf")
+    queue = SJFRequestQueue(config)
+    queue.add_request(Req("long", 0.0, 100.0))
+    queue.add_request(Req("shortest-inside", window - 0.01, MIN_PREDICTED_REMAINING))
+    queue.add_request(Req("shortest-after", window + 0.01, MIN_PREDICTED_REMAINING))
+    assert drain(queue) == ["shortest-inside", "long", "shortest-after"]
+
+
+def test_aging_bound_holds_for_random_requests():
+    """No request is popped before an earlier one whose window it arrived after."""
+    rng = random.Random(0)
+    config = SchedulingConfig(prior_output_len=200, aging_tokens_per_s=7.0)
+    requests = [Req(str(i), rng.uniform(0, 100), rng.choice([None, rng.uniform(1, 2000)])) for i in range(400)]
+    queue = SJFRequestQueue(config)
+    for request in requests:
+        queue.add_request(request)
+    order = [queue.pop_request() for _ in requests]
+    position = {id(request): index for index, request in enumerate(order)}
+    for r in requests:
+        window = aging_window_s(predicted_remaining(r.predicted_output_len, 0, config.prior_output_len), config)
+        for later in requests:
+            if later.arrival_time > r.arrival_time + window:
+                assert position[id(later)] > position[id(r)]
+
+
+def test_without_aging_sjf_can_starve_a_long_request():
+    """The bound needs aging: with rate 0 any number of later short requests overtake."""
+    queue = SJFRequestQueue(SchedulingConfig(aging_tokens_per_s=0.0))
+    queue.add_request(Req("long", 0.0, 100.0))
+    for second in range(1, 1000):
+        queue.add_request(Req(f"short{second}", float(second), 5.0))
+    assert drain(queue)[-1] == "long"
+
+
+# --- queues ---------------------------------------------------------------------------------------
+def test_fcfs_queue_keeps_arrival_order():
+    queue = create_request_queue(QueuePolicy.FCFS, SchedulingConfig())
+    assert isinstance(queue, FCFSRequestQueue) and not queue
+    for request in (Req("a", 0, 500), Req("b", 1, 5), Req("c", 2, 50)):
+        queue.add_request(request)
+    assert len(queue) == 3 and queue and queue.peek_request().name == "a"
+    assert [r.name for r in queue] == ["a", "b", "c"]
+    assert drain(queue) == ["a", "b", "c"]
+
+
+def test_sjf_queue_orders_by_predicted_remaining_with_prior_for_unknown():
+    queue = create_request_queue(QueuePolicy.SJF, SchedulingConfig(prior_output_len=100, aging_tokens_per_s=0))
+    assert isinstance(queue, SJFRequestQueue)
+    for request in (Req("a", 0, 500), Req("b", 1, 5), Req("unknown", 2, None), Req("c", 3, 50),
+                    Req("half-done", 4, 300, num_generated_tokens=280)):
+        queue.add_request(request)
+    assert queue.peek_request().name == "b"
+    assert [r.name for r in queue] == ["b", "half-done", "c", "unknown", "a"]
+    assert drain(queue) == ["b", "half-done", "c", "unknown", "a"]
+
+
+def test_sjf_queue_without_predictions_is_fcfs():
+    queue = SJFRequestQueue(SchedulingConfig())
+    for index in range(20):
+        queue.add_request(Req(str(index), float(index // 3), None))  # equal arrival times too
+    assert drain(queue) == [str(index) for index in range(20)]
+
+
+# --- routing --------------------------------------------------------------------------------------
+def test_rank_load_counts_requests_without_prediction_with_the_prior():
+    load = rank_load([(100.0, 40), (None, 0), (10.0, 30)], prior_output_len=256, base=RankLoad(2, 7.0))
+    assert load == RankLoad(5, 7.0 + 60.0 + 256.0 + MIN_PREDICTED_REMAINING)
+
+
+def test_round_robin_cycles_regardless_of_load():
+    router = create_router(RoutingPolicy.ROUND_ROBIN)
+    assert isinstance(router, RoundRobinRouter)
+    loads = [RankLoad(100, 1e6), RankLoad(0, 0.0), RankLoad(5, 5.0)]
+    assert [router.select(loads) for _ in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_least_requests_picks_fewest_with_ties_to_lowest_index():
+    router = create_router(RoutingPolicy.LEAST_REQUESTS)
+    assert isinstance(router, LeastRequestsRouter) and not router.needs_predicted_work
+    assert router.select([RankLoad(3, 0.0), RankLoad(1, 1e6), RankLoad(1, 0.0)]) == 1
+
+
+def test_least_predicted_work_picks_least_work_then_fewest_requests():
+    router = create_router(RoutingPolicy.LEAST_PREDICTED_WORK)
+    assert isinstance(router, LeastPredictedWorkRouter) and router.needs_predicted_work
+    # One long request (1000 left) against five short ones (50 left each): the long rank is busier.
+    long_rank = rank_load([(1000.0, 0)], 256)
+    short_rank = rank_load([(60.0, 10)] * 5, 256)
+    assert router.select([long_rank, short_rank]) == 1
+    assert least_predicted_work_rank([RankLoad(4, 10.0), RankLoad(2, 10.0), RankLoad(2, 10.0)]) == 1
+
+
+def test_factories_reject_unknown_policies():
+    with pytest.raises(ValueError):
+        create_request_queue("sjf", SchedulingConfig())
+    with pytest.raises(ValueError):
+        create_router("round-robin")
+
+
+def test_core_imports_no_framework():
+    code = ("import sys, specforge_outlets.scheduling; "
+            "bad = [m for m in ('torch', 'sglang', 'numpy') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,280 @@
+"""The serving simulator: hand-computed timelines, policies, KV blocking, traces, predictors, CLI."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from specforge_outlets.cli import main
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
+from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_from_dict, load_cluster_config
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
+from specforge_outlets.simulation.metrics import summarize
+from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+from specforge_outlets.simulation.trace import Trace, load_trace, synthetic_poisson
+
+# Every step (prefill batch, decode step, mixed step) takes exactly one second; prefill tokens,
+# KV bytes and weights cost nothing, so timelines can be computed by hand.
+UNIT_STEPS = StepTimeModel(weight_bytes=0.0, kv_bytes_per_token=0.0, flops_per_prefill_token=0.0,
+                           effective_bandwidth=1.0, effective_flops=1.0, step_overhead_s=1.0)
+
+
+@pytest.fixture
+def unit_steps(monkeypatch):
+    monkeypatch.setattr(ClusterConfig, "step_time_model", lambda self: UNIT_STEPS)
+
+
+def make_trace(rows, name="tiny"):
+    """rows: (arrival s, input tokens, output tokens)."""
+    arrivals, inputs, outputs = (np.array(column) for column in zip(*rows))
+    return Trace(name, [str(i) for i in range(len(rows))], arrivals.astype(float), inputs, outputs)
+
+
+def pd_cluster(**overrides):
+    values = dict(prefill_instances=1, decode_instances=1, kv_transfer_latency_s=0.0, max_new_tokens=1,
+                  kv_capacity_tokens=10_000)
+    values.update(overrides)
+    return cluster_config_from_dict(values, "test")
+
+
+def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0):
+    predictions = trace.output_lens.astype(float).tolist() if predictions is None else predictions
+    policy = Policy(RoutingPolicy(routing), QueuePolicy(queue))
+    return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging)).run()
+
+
+# A long request, then a medium and a short one that both wait behind it on one decode slot.
+# Prefill: A alone 0-1 s, then B and C in one batch 1-2 s. A decodes 10 steps, 1-11 s.
+THREE = make_trace([(0.0, 50, 11), (0.1, 50, 6), (0.2, 50, 2)])
+
+
+# --- step-time model ------------------------------------------------------------------------------
+def test_decode_steps_time_is_the_sum_of_single_steps():
+    model = StepTimeModel.for_pair(H100_SXM, LLAMA_3_1_8B)
+    batch, kv = 37, 12_345
+    by_step = sum(model.step_time(kv + batch * step) for step in range(200))
+    assert model.decode_steps_time(200, batch, kv) == pytest.approx(by_step, rel=1e-12)
+    for steps in (0, 1, 2, 57, 200):
+        elapsed = model.decode_steps_time(steps, batch, kv)
+        assert model.decode_steps_done(elapsed + 1e-12, batch, kv) == steps
+        assert model.decode_steps_done(elapsed - 1e-9, batch, kv) == max(steps - 1, 0)
+
+
+def test_step_time_formula_from_datasheet_numbers():
+    model = StepTimeModel.for_pair(H100_SXM, LLAMA_3_1_8B, bandwidth_efficiency=1.0, prefill_mfu=1.0, step_overhead_s=0)
+    assert LLAMA_3_1_8B.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 128 * 1024
+    assert model.step_time(0) == pytest.approx(8.03e9 * 2 / 3.35e12)  # weights over bandwidth, ~4.8 ms
+    assert model.step_time(0, 1000) - model.step_time(0) == pytest.approx(2 * 8.03e9 * 1000 / 989e12)
+
+
+# --- hand-computed timelines ----------------------------------------------------------------------
+def test_fcfs_timeline_on_one_decode_slot(unit_steps):
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue="fcfs")
+    # B admitted when A finishes at 11 s, runs 5 steps; C after B.
+    assert result.finish_times.tolist() == pytest.approx([11.0, 16.0, 17.0])
+    assert result.first_token_times.tolist() == pytest.approx([1.0, 2.0, 2.0])
+    assert result.queue_delays.tolist() == pytest.approx([0.0, 0.9 + 9.0, 0.8 + 14.0])
+
+
+def test_sjf_timeline_on_one_decode_slot(unit_steps):
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue="sjf")
+    # C (1 token left) overtakes B (5 left): C 11-12 s, B 12-17 s.
+    assert result.finish_times.tolist() == pytest.approx([11.0, 17.0, 12.0])
+    fcfs = summarize(simulate(THREE, pd_cluster(max_running_requests=1), queue="fcfs"))
+    sjf = summarize(result)
+    assert sjf["all"]["e2e_mean_s"] < fcfs["all"]["e2e_mean_s"]
+
+
+def test_sjf_without_predictions_is_fcfs(unit_steps):
+    cluster = pd_cluster(max_running_requests=1)
+    result = simulate(THREE, cluster, queue="sjf", predictions=[None] * 3)
+    assert result.finish_times.tolist() == pytest.approx([11.0, 16.0, 17.0])
+
+
+def test_continuous_batching_admits_at_the_next_step_boundary(unit_steps):
+    # Room for all: B and C join A's batch at 2 s (a step boundary) and decode alongside it.
+    result = simulate(THREE, pd_cluster(max_running_requests=8))
+    assert result.finish_times.tolist() == pytest.approx([11.0, 7.0, 3.0])
+    # Arriving mid-step (2.5 s) waits for the step in progress to end at 3 s.
+    late = make_trace([(0.0, 50, 11), (1.5, 50, 3)])
+    assert simulate(late, pd_cluster(max_running_requests=8)).finish_times.tolist() == pytest.approx([11.0, 5.0])
+
+
+def test_kv_admission_blocks_until_a_request_frees_its_cache(unit_steps):
+    # A reserves 50 + 11 = 61 tokens, B 56: together over 100, so B waits for A despite free slots.
+    blocked = simulate(THREE.head(2), pd_cluster(max_running_requests=8, kv_capacity_tokens=100))
+    assert blocked.finish_times.tolist() == pytest.approx([11.0, 16.0])
+    assert blocked.queue_delays[1] == pytest.approx(0.9 + 9.0)
+    roomy = simulate(THREE.head(2), pd_cluster(max_running_requests=8, kv_capacity_tokens=117))
+    assert roomy.finish_times.tolist() == pytest.approx([11.0, 7.0])
+
+
+def test_least_predicted_work_routing_avoids_the_rank_with_a_long_request(unit_steps):
+    # A (long) goes to rank 0, B to rank 1. C, routed at 3 s, follows B to rank 1 under
+    # least-predicted-work (1 token left there, 99 on rank 0): it waits for B (4 s) and decodes
+    # 2 steps. Under round-robin it lands behind A.
+    trace = make_trace([(0.0, 10, 101), (1.0, 10, 3), (2.0, 10, 3)])
+    cluster = pd_cluster(decode_instances=2, max_running_requests=1)
+    round_robin = simulate(trace, cluster, routing="round-robin")
+    least_work = simulate(trace, cluster, routing="least-predicted-work")
+    assert round_robin.finish_times.tolist() == pytest.approx([101.0, 4.0, 103.0])
+    assert least_work.finish_times.tolist() == pytest.approx([101.0, 4.0, 6.0])
+
+
+def test_colocated_chunked_prefill_then_decode(unit_steps):
+    cluster = cluster_config_from_dict(
+        {"mode": "colocated", "instances": 1, "chunked_prefill_size": 1000, "max_new_tokens": 1}, "test")
+    trace = make_trace([(0.0, 2500, 5), (0.0, 10, 1)])
+    result = simulate(trace, cluster)
+    # A's prompt takes three 1000-token chunks (0-3 s); B's 10 tokens share the third step.
+    assert result.first_token_times.tolist() == pytest.approx([3.0, 3.0])
+    assert result.finish_times.tolist() == pytest.approx([7.0, 3.0])
+
+
+def test_aging_bounds_the_wait_of_a_long_request_under_overload(unit_steps):
+    # One decode slot, overloaded: a 1-step request arrives every 0.5 s. A long request (500 tokens
+    # left) at 0.5 s: without aging it waits for the whole stream; with 50 tokens/s of aging no
+    # request arriving after 0.5 s + (500 - 1) / 50 s is ordered ahead of it.
+    rows = [(0.0, 10, 11), (0.5, 10, 501)] + [(1.0 + 0.5 * i, 10, 2) for i in range(60)]
+    trace = make_trace(rows)
+    cluster = pd_cluster(max_running_requests=1)
+    starved = simulate(trace, cluster, queue="sjf", aging=0.0)
+    aged = simulate(trace, cluster, queue="sjf", aging=50.0)
+    assert starved.queue_delays[1] > 60.0  # served after all 60 short requests
+    assert aged.queue_delays[1] < 35.0  # after the ~19 that arrived within its window
+    window_end = 0.5 + aging_window_s(500.0, SchedulingConfig(256, 50.0))
+    after = trace.arrival_times > window_end
+    assert np.all(aged.finish_times[after] > aged.finish_times[1])
+    assert np.all(aged.finish_times[2:][~after[2:]] < aged.finish_times[1])
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+@pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf"])
+def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue):
+    lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
+    trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
+    cluster = cluster_config_from_dict({"mode": mode, "decode_instances": 2, "instances": 2,
+                                        "max_running_requests": 32, "kv_capacity_tokens": 40_000}, "test")
+    result = simulate(trace, cluster, routing, queue, predictions=predict_lengths(PredictorKind.NOISY, trace, 0))
+    assert np.all(np.isfinite(result.finish_times))
+    assert np.all(result.first_token_times > result.arrival_times)
+    assert np.all(result.finish_times >= result.first_token_times)
+    assert np.all(result.queue_delays >= 0)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("TIMESTAMP,ContextTokens\n1,2\n", "missing column(s) GeneratedTokens"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n-1.0,10,5\n", "line 2 (row 0): TIMESTAMP must be a non-negative"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,5\n4,10,5\n", "line 3 (row 1): TIMESTAMP goes back in time"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,5\n2,10,0\n", "line 3 (row 1): GeneratedTokens must be at least 1"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,ten,5\n", "ContextTokens must be an integer"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", "neither seconds nor a date-time"),
+])
+def test_bad_azure_traces_name_the_row_and_field(tmp_path, text, message):
+    with pytest.raises(OutletsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_trace(write(tmp_path, "bad.csv", text))
+
+
+def test_azure_trace_with_dates_and_jsonl_trace_load(tmp_path):
+    csv_trace = load_trace(write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                 "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"))
+    assert csv_trace.arrival_times.tolist() == pytest.approx([0.0, 4.314579])
+    assert csv_trace.output_lens.tolist() == [44, 109] and csv_trace.ids == ["0", "1"]
+    jsonl = load_trace(write(tmp_path, "t.jsonl", '{"id": "a", "timestamp": 3, "input_length": 5, "output_length": 7}\n'
+                             '{"id": "b", "timestamp": 5, "input_length": 6, "output_length": 8}\n'))
+    assert jsonl.ids == ["a", "b"] and jsonl.arrival_times.tolist() == [0.0, 2.0]
+    assert jsonl.scaled(2.0).arrival_times.tolist() == [0.0, 1.0] and jsonl.scaled(2.0).offered_rps == 2.0
+
+
+def test_bad_jsonl_trace_names_the_line(tmp_path):
+    with pytest.raises(OutletsError, match="line 2: missing field.*output_length"):
+        load_trace(write(tmp_path, "t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 7}\n'
+                                              '{"timestamp": 1, "input_length": 5}\n'))
+    with pytest.raises(OutletsError, match="line 1: output_length must be at least 1"):
+        load_trace(write(tmp_path, "z.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 0}\n'))
+
+
+def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
+    trace = make_trace([(0.0, 10, 5), (1.0, 900, 5)])
+    with pytest.raises(OutletsError, match=r"row 1 \(id 1\): needs 1000 KV tokens.*kv_capacity_tokens=500"):
+        simulate(trace, pd_cluster(kv_capacity_tokens=500, max_new_tokens=100))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("decode_instance: 3\n", "unknown field.*decode_instance"),
+    ("max_running_requests: 0\n", "max_running_requests must be a positive integer"),
+    ("mode: pipelined\n", "mode must be one of disaggregated, colocated"),
+    ("gpu: A100\n", "gpu must be one of"),
+    ("kv_transfer_bandwidth: -1\n", "kv_transfer_bandwidth must be a positive number"),
+    ("memory_fraction: 0.1\n", "does not fit on H100-SXM"),
+])
+def test_bad_cluster_configs_name_the_field(tmp_path, text, message):
+    with pytest.raises(OutletsError, match=message):
+        load_cluster_config(write(tmp_path, "c.yaml", text))
+
+
+def test_recipes_load_with_expected_capacity():
+    config = load_cluster_config("recipes/cluster-h100-1p3d.yaml")
+    assert (config.prefill_instances, config.decode_instances) == (1, 3)
+    assert config.kv_transfer_bandwidth == 50e9  # YAML reads 50.0e9 as a string; accepted as a number
+    assert 400_000 < config.kv_capacity() < 500_000  # (0.88 * 80 GiB - 16 GB) / 128 KiB
+    assert load_cluster_config("recipes/cluster-h200-1p3d.yaml").kv_capacity() > 1.7 * config.kv_capacity()
+
+
+# --- predictors -----------------------------------------------------------------------------------
+def test_oracle_and_noisy_predictors():
+    trace = make_trace([(float(i), 10, 100) for i in range(4000)])
+    assert predict_lengths(PredictorKind.ORACLE, trace, 0) == [100.0] * 4000
+    assert predict_lengths(PredictorKind.NONE, trace, 0) == [None] * 4000
+    noisy = np.log(np.array(predict_lengths(PredictorKind.NOISY, trace, 0, noise_sigma=0.5)) / 100)
+    assert abs(np.median(noisy)) < 0.03 and abs(noisy.std() - 0.5) < 0.03
+
+
+def test_file_predictor_joins_by_id_or_samples_bucketed_errors(tmp_path):
+    trace = make_trace([(0.0, 10, 10), (1.0, 10, 1000)])
+    joined = write(tmp_path, "p.jsonl", '{"id": "0", "predicted_output_len": 12}\n{"id": "1", "predicted_output_len": 900}\n')
+    assert predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=joined) == [12.0, 900.0]
+    # Other ids: errors from the file's own (predicted, true) pairs; short ones x2, long ones x0.5.
+    rows = [{"id": f"s{i}", "predicted_output_len": 2 * (5 + i), "true_output_len": 5 + i} for i in range(50)]
+    rows += [{"id": f"l{i}", "predicted_output_len": (900 + i) / 2, "true_output_len": 900 + i} for i in range(50)]
+    sampled = write(tmp_path, "e.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    assert predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=sampled) == pytest.approx([20.0, 500.0])
+    bare = write(tmp_path, "b.jsonl", '{"id": "x", "predicted_output_len": 12}\n')
+    with pytest.raises(OutletsError, match="2 trace id\\(s\\) missing"):
+        predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=bare)
+
+
+# --- command --------------------------------------------------------------------------------------
+def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
+    lines = "".join(f'{{"timestamp": {i * 0.05}, "input_length": {100 + i % 7 * 300}, "output_length": {5 + i * 37 % 1200}}}\n'
+                    for i in range(300))
+    trace = write(tmp_path, "trace.jsonl", lines)
+    out = tmp_path / "out"
+    code = main(["simulate", "--trace", trace, "--config", "recipes/cluster-h100-1p3d.yaml", "--output", str(out),
+                 "--rate-scale", "1", "3", "--routing", "round-robin", "least-predicted-work"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["runs"]) == 2 * (4 + 3)  # rate scales x (policy grid + controlled study)
+    run = summary["runs"][0]["metrics"]
+    assert run["all"]["requests"] == 300 and run["short"]["requests"] + run["long"]["requests"] == 300
+    assert math.isfinite(run["short"]["e2e_p99_s"]) and run["all"]["throughput_tok_s"] > 0
+    assert "Controlled study" in (out / "summary.md").read_text()
+    assert (out / "policies.png").stat().st_size > 0 and (out / "controlled_study.png").stat().st_size > 0
+
+
+def test_simulate_command_reports_bad_input_without_traceback(tmp_path, capsys):
+    trace = write(tmp_path, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,5\n0,10,5\n")
+    code = main(["simulate", "--trace", trace, "--config", "recipes/cluster-h100-1p3d.yaml", "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "line 3 (row 1): TIMESTAMP goes back in time" in err and "Traceback" not in err
