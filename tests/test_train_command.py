@@ -11,12 +11,11 @@ import torch
 from safetensors import safe_open
 
 from specforge_outlets.cli import main
-from specforge_outlets.data.features import load_features, save_features
-from specforge_outlets.data.labels import NO_LABEL, shift_left
+from specforge_outlets.data.features import load_features
 from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
-from specforge_outlets.model.inference import predict_log_remaining
+from specforge_outlets.model.inference import labelled_predictions, predict_log_remaining
 from specforge_outlets.training.export_command import export_draft
-from tests.tiny_target import write_recipe
+from specforge_outlets.demo.tiny_target import write_recipe
 
 
 def outlets(*args, env=None):
@@ -27,11 +26,8 @@ def outlets(*args, env=None):
 def length_mse(draft, features_dir):
     errors = []
     for path in sorted(glob.glob(os.path.join(features_dir, "*.ckpt"))):
-        features = load_features(path)
-        z = predict_log_remaining(draft, features["input_ids"][None], features["aux_hidden_state"])
-        labels = shift_left(features["remaining_length"][None], 1)
-        labelled = labels != NO_LABEL
-        errors.append((z[labelled] - torch.log1p(labels[labelled].float())) ** 2)
+        predicted, true = labelled_predictions(draft, load_features(path))
+        errors.append((torch.log1p(predicted) - torch.log1p(true.float())) ** 2)
     return torch.cat(errors).mean().item()
 
 

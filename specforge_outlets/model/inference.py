@@ -42,3 +42,15 @@ def draft_states(draft, input_ids: torch.Tensor, aux_hidden_state: torch.Tensor)
 def predict_log_remaining(draft, input_ids: torch.Tensor, aux_hidden_state: torch.Tensor) -> torch.Tensor:
     """[B, T] z = log(1 + predicted remaining tokens); compare with ``shift_left(labels, 1)``."""
     return draft.predict_log_remaining(draft_states(draft, input_ids, aux_hidden_state)).float()
+
+
+@torch.no_grad()
+def labelled_predictions(draft, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(predicted remaining tokens, true remaining tokens) at the labelled positions of one file."""
+    from specforge_outlets.data.labels import NO_LABEL
+    from specforge_outlets.model.length_head import log_remaining_to_tokens
+
+    z = predict_log_remaining(draft, features["input_ids"][None], features["aux_hidden_state"])[0]
+    labels = shift_left(features["remaining_length"][None], 1)[0]
+    labelled = labels != NO_LABEL
+    return log_remaining_to_tokens(z[labelled]), labels[labelled]

@@ -1,4 +1,4 @@
-"""A tiny Llama target and synthetic OUTLETS features, built locally for tests."""
+"""A tiny randomly initialised Llama target and synthetic OUTLETS features, built locally (tests, demo)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""``outlets demo``: the main job end to end on a target that needs no download."""
