@@ -160,3 +160,26 @@ def test_exporting_another_algorithms_checkpoint_is_refused(capsys, tmp_path):
     assert main(["export", "--checkpoint", str(tmp_path / "training_state.pt"), "--output", str(tmp_path / "x")]) == 2
     assert "strategy 'eagle3'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_resume_keeps_the_length_head_state(tiny_target, tiny_features, tmp_path):
+    """A run resumed from its step-2 checkpoint ends where the uninterrupted run ends."""
+    def train(out, **training):
+        recipe = write_recipe(str(out / "recipe.yaml"), tiny_target, tiny_features, str(out),
+                              training={"max_steps": 4, "save_interval": 2, **training},
+                              tracking={"report_to": "none"})
+        result = outlets("train", "--config", recipe)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def head(out, step):
+        state = torch.load(out / f"tiny-step{step}" / "training_state.pt", weights_only=False)
+        return {k: v for k, v in state["draft_state_dict"].items() if k.startswith("length_head")}
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir(), resumed.mkdir()
+    train(straight)
+    train(resumed, resume_from=str(straight / "tiny-step2"))
+    assert head(straight, 2).keys() == head(resumed, 4).keys()
+    assert any(not torch.equal(head(straight, 2)[k], head(straight, 4)[k]) for k in head(straight, 2))
+    for key, value in head(straight, 4).items():
+        assert torch.allclose(value, head(resumed, 4)[key], atol=1e-5), key
