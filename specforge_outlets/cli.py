@@ -15,6 +15,9 @@ from specforge_outlets.errors import OutletsError
 
 # Stage order: data -> training -> evaluation -> serving studies.
 COMMAND_MODULES = (
+    "specforge_outlets.data.prepare_command",
+    "specforge_outlets.data.regenerate_command",
+    "specforge_outlets.data.capture_command",
     "specforge_outlets.training.train_command",
     "specforge_outlets.training.export_command",
     "specforge_outlets.simulation.simulate_command",

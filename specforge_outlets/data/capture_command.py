@@ -1,0 +1,185 @@
+"""``outlets capture``: regenerated conversations -> feature files with length labels.
+
+Two modes:
+  ``--target T --input REGENERATED --output DIR``: teacher-forced capture with transformers (CPU,
+  small GPUs), one ``data_<i>.ckpt`` per conversation plus ``manifest.json``.
+  ``--add-labels DIR --input REGENERATED``: add labels to files from SpecForge's SGLang capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import Counter
+from typing import Any, Dict, List
+
+from specforge_outlets.data.conversations import RowError
+from specforge_outlets.data.features import FEATURE_SUFFIX, save_features
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.errors import OutletsError
+
+MANIFEST = "manifest.json"
+MAX_REPORTED = 50
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("capture", help="capture target features and length labels for training")
+    parser.add_argument("--input", required=True, help="regenerated JSONL (from `outlets regenerate`)")
+    parser.add_argument("--target", help="model directory, hub name or smollm2-135m")
+    parser.add_argument("--output", help="directory for the feature files and manifest.json")
+    parser.add_argument("--add-labels", metavar="DIR", help="instead: label SpecForge-captured files in DIR")
+    parser.add_argument("--fusion-layers", help="three hidden_states indices a,b,c (default 2,N/2,N-2)")
+    parser.add_argument("--max-length", type=int, default=2048, help="skip longer conversations (tokens)")
+    parser.add_argument("--chat-template", help="Jinja file replacing the tokenizer's chat template")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="stored hidden states")
+    parser.add_argument("--split", help="split name for the manifest (default: the input file's stem)")
+    parser.add_argument("--device", default="cpu")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.add_labels:
+        return _add_labels(args)
+    if not args.target or not args.output:
+        raise OutletsError("capture needs --target and --output (or --add-labels DIR)")
+    return _capture(args)
+
+
+def read_rows(path: str, counts: Counter) -> List[Dict[str, Any]]:
+    """Regenerated rows in file order; bad lines are reported and counted, not fatal."""
+    if not os.path.isfile(path):
+        raise OutletsError(f"--input {path}: no such file")
+    rows = []
+    for number, row in iter_jsonl(path):
+        if isinstance(row, BadLine) or not isinstance(row.get("conversations"), list):
+            counts["bad_lines"] += 1
+            print(row if isinstance(row, BadLine) else f"{path}:{number}: no 'conversations' list; skipped")
+            continue
+        rows.append(row)
+    return rows
+
+
+def _capture(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specforge_outlets.data.capture import TargetCapture
+    from specforge_outlets.data.chat_tokens import tokenise_conversation
+    from specforge_outlets.data.targets import end_of_turn_token_id, resolve_target
+    from specforge_outlets.model.fusion import default_fusion_layers, to_specforge_layer_ids, validate_fusion_layers
+
+    if os.path.isdir(args.output) and any(name.endswith(FEATURE_SUFFIX) for name in os.listdir(args.output)):
+        raise OutletsError(f"--output {args.output} already holds feature files; choose a new directory")
+    counts: Counter[str] = Counter()
+    rows = read_rows(args.input, counts)
+    path = resolve_target(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if args.chat_template:
+        with open(args.chat_template, "r", encoding="utf-8") as handle:
+            tokenizer.chat_template = handle.read()
+    if not tokenizer.chat_template:
+        raise OutletsError(f"--target {args.target}: the tokenizer has no chat template; pass --chat-template FILE")
+    model = AutoModelForCausalLM.from_pretrained(path).to(args.device)
+    config = model.config
+    num_layers = int(config.num_hidden_layers)
+    layers = _fusion_layers(args.fusion_layers, num_layers, default_fusion_layers, validate_fusion_layers)
+    end_id = end_of_turn_token_id(tokenizer, model.generation_config)
+    context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    limit = min(args.max_length, context) if context else args.max_length
+    capture = TargetCapture(model, layers, getattr(torch, args.dtype))
+    os.makedirs(args.output, exist_ok=True)
+    files: List[Dict[str, Any]] = []
+    started = time.time()
+    for index, row in enumerate(tqdm(rows, desc="capture", unit="conv")):
+        row_id = row.get("id", f"row-{index}")
+        try:
+            tokens = tokenise_conversation(tokenizer, row["conversations"], end_id)
+        except RowError as exc:
+            _skip(counts, exc.reason, f"row {row_id}: skipped: {exc}")
+            continue
+        if len(tokens.input_ids) > limit:
+            _skip(counts, "too long", f"row {row_id}: skipped: {len(tokens.input_ids)} tokens > limit {limit} (--max-length / context)")
+            continue
+        features = capture.features(tokens)
+        name = f"data_{index}{FEATURE_SUFFIX}"
+        save_features(os.path.join(args.output, name), features)
+        labelled = int((features["remaining_length"] > 0).sum())
+        counts["written"] += 1
+        counts["labelled_tokens"] += labelled
+        counts["response_spans"] += len(tokens.censored)
+        counts["censored_spans"] += sum(tokens.censored)
+        files.append({"file": name, "id": row_id, "tokens": len(tokens.input_ids), "labelled_tokens": labelled})
+    manifest = {
+        "target": args.target,
+        "target_path": path,
+        "split": args.split or os.path.splitext(os.path.basename(args.input))[0],
+        "input": args.input,
+        "fusion_layers": list(layers),
+        "specforge_layer_ids": to_specforge_layer_ids(layers),
+        "hidden_size": int(config.hidden_size),
+        "num_hidden_layers": num_layers,
+        "vocab_size": int(config.vocab_size),
+        "end_of_turn_token_id": end_id,
+        "max_length": limit,
+        "dtype": args.dtype,
+        "seconds": round(time.time() - started, 1),
+        "conversations": len(rows),
+        "counts": dict(sorted(counts.items())),
+        "files": files,
+    }
+    with open(os.path.join(args.output, MANIFEST), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=2)
+    print(
+        f"wrote {counts['written']} feature files ({counts['labelled_tokens']} labelled tokens, "
+        f"{counts['censored_spans']} censored responses), skipped {counts['skipped']} -> {args.output}"
+    )
+    return 0
+
+
+def _fusion_layers(text, num_layers, default, validate) -> tuple:
+    try:
+        if not text:
+            return default(num_layers)
+        layers = tuple(int(part) for part in text.split(","))
+        validate(layers, num_layers)
+    except ValueError as exc:
+        raise OutletsError(f"--fusion-layers {text or '(default)'}: {exc}") from exc
+    return layers
+
+
+def _add_labels(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specforge_outlets.data.add_labels import JoinError, label_file, specforge_feature_files
+
+    counts: Counter[str] = Counter()
+    rows = read_rows(args.input, counts)
+    found = specforge_feature_files(args.add_labels)
+    if not found:
+        raise OutletsError(f"--add-labels {args.add_labels}: no data_<i>.ckpt files found")
+    for index, path in tqdm(found, desc="add labels", unit="file"):
+        if index >= len(rows):
+            _skip(counts, "no row", f"{path}: row {index} is beyond the {len(rows)} rows of {args.input}")
+            continue
+        try:
+            result = label_file(path, rows[index], args.max_length)
+        except (JoinError, OutletsError) as exc:
+            _skip(counts, "join mismatch", f"{path}: skipped: {exc}")
+            continue
+        counts["labelled_files"] += 1
+        counts.update(result)
+    summary = {"input": args.input, "directory": args.add_labels, "files": len(found), **dict(sorted(counts.items()))}
+    with open(os.path.join(args.add_labels, "labels_summary.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+    print(f"labelled {counts['labelled_files']} of {len(found)} files, skipped {counts['skipped']}")
+    return 0
+
+
+def _skip(counts: Counter, reason: str, message: str) -> None:
+    counts["skipped"] += 1
+    counts[f"skipped_{reason.replace(' ', '_')}"] += 1
+    if counts["skipped"] <= MAX_REPORTED:
+        print(message)

@@ -1,0 +1,81 @@
+"""In-process regeneration with transformers: batched, left-padded, stopping at the end of turn.
+
+For CPU and small GPU runs. Batches are left-padded so every prompt ends at the same position and
+the new tokens line up; each sequence's length is counted up to its first stop token.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Union
+
+from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
+from specforge_outlets.data.targets import resolve_target, stop_token_ids
+
+
+class HFBackend:
+    def __init__(self, target: str, settings: SamplingSettings, device: str = "cpu") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_target(target)
+        self.settings = settings
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        self.device = device
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token_id = self.stop_ids[0]
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        torch.manual_seed(settings.seed)
+
+    def prompt_ids(self, messages: Messages) -> List[int]:
+        text = self.tokenizer.apply_chat_template(_plain(messages), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def complete(self, batch: Sequence[Messages]) -> List[Union[TurnResult, TurnError]]:
+        import torch
+
+        settings = self.settings
+        prompts = [self.prompt_ids(messages) for messages in batch]
+        answers: List[Union[TurnResult, TurnError, None]] = [None] * len(batch)
+        runnable = []
+        for index, ids in enumerate(prompts):
+            if self.context and len(ids) + settings.max_new_tokens > self.context:
+                answers[index] = TurnError(
+                    f"prompt of {len(ids)} tokens + --max-new-tokens {settings.max_new_tokens} exceeds "
+                    f"the target's context of {self.context} tokens"
+                )
+            else:
+                runnable.append(index)
+        if runnable:
+            encoded = self.tokenizer.pad({"input_ids": [prompts[i] for i in runnable]}, return_tensors="pt")
+            sampling: dict[str, Any] = {"do_sample": False}
+            if settings.temperature > 0:
+                sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
+            with torch.no_grad():
+                output = self.model.generate(
+                    input_ids=encoded["input_ids"].to(self.device),
+                    attention_mask=encoded["attention_mask"].to(self.device),
+                    max_new_tokens=settings.max_new_tokens,
+                    repetition_penalty=settings.repetition_penalty,
+                    eos_token_id=self.stop_ids,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    **sampling,
+                )
+            new_tokens = output[:, encoded["input_ids"].shape[1] :].tolist()
+            for index, tokens in zip(runnable, new_tokens):
+                answers[index] = self._turn(tokens)
+        return answers  # type: ignore[return-value]
+
+    def _turn(self, tokens: List[int]) -> TurnResult:
+        stop = next((position for position, token in enumerate(tokens) if token in self.stop_ids), None)
+        if stop is None:
+            kept = tokens[: self.settings.max_new_tokens]
+            return TurnResult(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), LENGTH)
+        return TurnResult(self.tokenizer.decode(tokens[:stop], skip_special_tokens=True), stop + 1, STOP)
+
+
+def _plain(messages: Messages) -> Messages:
+    """Only role and content reach the chat template (not our bookkeeping fields)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]

@@ -1,0 +1,89 @@
+"""JSONL reading that names bad lines, and an append-only writer that survives crashes.
+
+Regeneration runs for hours against servers that fail; its output is append-only with one
+complete row per line, flushed and synced as soon as the row is done. A crash can at worst leave
+one partial last line, which :func:`recover_jsonl` cuts off before a resumed run appends to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+
+class BadLine(Exception):
+    """A line that is not a JSON object; the message says which line and why."""
+
+
+def iter_jsonl(path: str) -> Iterator[Tuple[int, Any]]:
+    """Yield ``(line_number, object_or_BadLine)`` for each non-blank line (1-based numbers)."""
+    with open(path, "r", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, BadLine(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})")
+                continue
+            if not isinstance(value, dict):
+                yield number, BadLine(f"{path}:{number}: expected a JSON object, got {type(value).__name__}")
+                continue
+            yield number, value
+
+
+def write_jsonl(path: str, rows: List[Dict[str, Any]]) -> None:
+    """Write a whole file atomically (temporary name, then rename)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def recover_jsonl(path: str) -> List[Dict[str, Any]]:
+    """Read the complete rows of an append-only file and cut off a partial last line, if any."""
+    if not os.path.exists(path):
+        return []
+    rows: List[Dict[str, Any]] = []
+    good_bytes = 0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                if not raw.endswith(b"\n"):
+                    raise ValueError("no newline: the writer was interrupted")
+                row = json.loads(raw)
+            except ValueError:
+                break
+            rows.append(row)
+            good_bytes += len(raw)
+    if good_bytes != os.path.getsize(path):
+        print(f"{path}: dropping an incomplete last line left by an interrupted run")
+        with open(path, "r+b") as handle:
+            handle.truncate(good_bytes)
+    return rows
+
+
+class AppendWriter:
+    """One JSON object per line, each written whole, flushed and fsynced before returning."""
+
+    def __init__(self, path: str) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        self.path = path
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def write(self, row: Dict[str, Any]) -> None:
+        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "AppendWriter":
+        return self
+
+    def __exit__(self, *exc: Optional[BaseException]) -> None:
+        self.close()

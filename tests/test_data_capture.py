@@ -1,0 +1,165 @@
+"""`outlets capture`: loss-mask spans through the chat template, labels, features and the post-pass."""
+
+import json
+
+import pytest
+import torch
+
+from specforge_outlets.data import capture_command
+from specforge_outlets.data.chat_tokens import tokenise_conversation
+from specforge_outlets.data.conversations import RowError
+from specforge_outlets.data.features import FeatureFileError, load_features
+from specforge_outlets.data.labels import NO_LABEL
+from tests.data_fixtures import END_ID, make_chat_target, make_chat_tokenizer, run_command, write_jsonl
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def answer(text, finish="stop"):
+    return {"role": "assistant", "content": text, "num_tokens": 99, "finish_reason": finish}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_chat_tokenizer()
+
+
+def masked_text(tokenizer, tokens):
+    return [tokenizer.decode([i for i, m in zip(tokens.input_ids, tokens.loss_mask) if m])]
+
+
+def test_loss_mask_covers_content_and_end_of_turn(tokenizer):
+    conversation = [{"role": "system", "content": "Be brief."}, user("What is the capital?"), answer("Paris."),
+                    user("And of Italy?"), answer("Rome, the capital of Italy.")]
+    tokens = tokenise_conversation(tokenizer, conversation, END_ID)
+    assert tokenizer.decode(tokens.input_ids) == tokenizer.apply_chat_template(
+        [{"role": t["role"], "content": t["content"]} for t in conversation], tokenize=False)
+    spans = [tokenizer.decode(tokens.input_ids[s:e]) for s, e in _spans(tokens.loss_mask)]
+    assert spans == ["Paris.<|im_end|>", "Rome, the capital of Italy.<|im_end|>"]
+    assert tokens.censored == [False, False]
+
+
+def test_censored_turn_has_no_end_token_and_no_label(tokenizer):
+    conversation = [user("Tell me a story."), answer("Once upon a time", finish="length"),
+                    user("dropped: follows a censored turn"), answer("dropped")]
+    tokens = tokenise_conversation(tokenizer, conversation, END_ID)
+    assert tokens.censored == [True]
+    assert tokenizer.decode(tokens.input_ids).endswith("<|im_start|>assistant\nOnce upon a time")
+    assert [tokenizer.decode(tokens.input_ids[s:e]) for s, e in _spans(tokens.loss_mask)] == ["Once upon a time"]
+
+
+def test_remaining_length_labels_on_hand_made_conversation(tokenizer, tmp_path):
+    target = make_chat_target(str(tmp_path / "target"))
+    rows = [{"id": "two-turns", "conversations": [user("Hi"), answer("Hello world"), user("Bye"),
+                                                   answer("Cut here", finish="length")]}]
+    out = tmp_path / "features"
+    run_command(capture_command, ["capture", "--target", target, "--input", write_jsonl(tmp_path / "r.jsonl", rows),
+                                  "--output", out, "--dtype", "float32"])
+    features = load_features(str(out / "data_0.ckpt"), hidden_size=32)
+    tokens = tokenise_conversation(tokenizer, rows[0]["conversations"], END_ID)
+    (s1, e1), (s2, e2) = _spans(tokens.loss_mask)
+    first = tokenizer("Hello world", add_special_tokens=False)["input_ids"]
+    assert e1 - s1 == len(first) + 1  # content and <|im_end|>
+    expected = [NO_LABEL] * len(tokens.input_ids)
+    expected[s1:e1] = range(e1 - s1, 0, -1)  # L, L-1, ..., 1; the censored second turn stays unlabelled
+    assert features["remaining_length"].tolist() == expected
+    assert features["input_ids"].tolist() == tokens.input_ids
+    assert features["loss_mask"].tolist() == tokens.loss_mask
+
+
+def test_capture_command_writes_specforge_features(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    target = make_chat_target(str(tmp_path / "target"), layers=6)
+    rows = [
+        {"id": "a", "conversations": [user("What is 2+2?"), answer("4")]},
+        {"id": "b", "conversations": [user("List colours"), answer("red green blue"), user("more"), answer("brown")]},
+        {"id": "no-answer", "conversations": [user("unanswered")]},
+        {"id": "long", "conversations": [user("word " * 60), answer("ok")]},
+        {"id": "c", "conversations": [user("Story?"), answer("Once upon", finish="length")]},
+    ]
+    source = write_jsonl(tmp_path / "train.jsonl", [*rows[:2], "{oops", *rows[2:]])
+    out = tmp_path / "features"
+    assert run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out,
+                                         "--max-length", 80]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["fusion_layers"] == [2, 3, 4] and manifest["specforge_layer_ids"] == [1, 2, 3]
+    assert manifest["hidden_size"] == 32 and manifest["split"] == "train" and manifest["end_of_turn_token_id"] == END_ID
+    assert [f["id"] for f in manifest["files"]] == ["a", "b", "c"]
+    counts = manifest["counts"]
+    assert (counts["written"], counts["skipped"], counts["bad_lines"]) == (3, 2, 1)
+    assert counts["skipped_too_long"] == 1 and counts["skipped_no_assistant_turn"] == 1
+    assert counts["response_spans"] == 4 and counts["censored_spans"] == 1
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    for entry in manifest["files"]:
+        features = load_features(str(out / entry["file"]), hidden_size=32)
+        assert features["hidden_state"].dtype == torch.bfloat16
+        assert features["aux_hidden_state"].shape == (1, entry["tokens"], 96)
+        with torch.no_grad():
+            states = model(features["input_ids"][None], output_hidden_states=True).hidden_states
+        torch.testing.assert_close(features["hidden_state"].float(), states[-1], atol=0.05, rtol=0.02)
+        torch.testing.assert_close(features["aux_hidden_state"][..., 64:].float(), states[4], atol=0.05, rtol=0.02)
+    assert int((load_features(str(out / "data_4.ckpt"))["remaining_length"] > 0).sum()) == 0  # censored only
+    with pytest.raises(Exception, match="already holds feature files"):
+        run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out])
+
+
+def test_add_labels_to_specforge_captured_files(tmp_path):
+    target = make_chat_target(str(tmp_path / "target"))
+    rows = [{"id": "a", "conversations": [user("Hi"), answer("Hello there")]},
+            {"id": "b", "conversations": [user("Q"), answer("A one"), user("Q2"), answer("A two", finish="length")]},
+            {"id": "c", "conversations": [user("Q"), answer("only one turn")]}]
+    source = write_jsonl(tmp_path / "regen.jsonl", rows)
+    ours = tmp_path / "ours"
+    run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", ours])
+    # SpecForge's layout: rows_<a>-<b>/data_<i>.ckpt without labels; file 2 is from another conversation.
+    theirs = tmp_path / "specforge" / "rows_0-5000"
+    theirs.mkdir(parents=True)
+    expected = {}
+    for index, source_index in ((0, 0), (1, 1), (2, 1)):
+        data = torch.load(ours / f"data_{source_index}.ckpt")
+        expected[index] = data.pop("remaining_length")
+        torch.save(data, theirs / f"data_{index}.ckpt")
+    with pytest.raises(FeatureFileError, match="add-labels"):
+        load_features(str(theirs / "data_0.ckpt"))
+    run_command(capture_command, ["capture", "--add-labels", tmp_path / "specforge", "--input", source])
+    for index in (0, 1):
+        assert torch.equal(load_features(str(theirs / f"data_{index}.ckpt"))["remaining_length"], expected[index])
+    summary = json.loads((tmp_path / "specforge" / "labels_summary.json").read_text())
+    assert summary["labelled_files"] == 2 and summary["skipped_join_mismatch"] == 1
+    assert "remaining_length" not in torch.load(theirs / "data_2.ckpt")
+
+
+def test_add_labels_censors_a_span_cut_by_max_length(tmp_path):
+    from specforge_outlets.data.add_labels import label_file
+
+    path = str(tmp_path / "data_0.ckpt")
+    mask = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1, 1])
+    torch.save({"input_ids": torch.arange(9), "loss_mask": mask, "hidden_state": torch.zeros(1, 9, 4),
+                "aux_hidden_state": torch.zeros(1, 9, 12)}, path)
+    row = {"conversations": [user("a"), answer("b"), user("c"), answer("d"), user("e"), answer("f")]}
+    assert label_file(path, row, max_length=9)["censored_spans"] == 1
+    assert load_features(path)["remaining_length"].tolist() == [-1, -1, 2, 1, -1, -1, -1, -1, -1]
+
+
+def test_template_that_rewrites_history_is_reported(tokenizer):
+    rewriting = make_chat_tokenizer()
+    rewriting.chat_template = (  # drops earlier assistant turns, like reasoning-stripping templates
+        "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(RowError, match="prefix-stable"):
+        tokenise_conversation(rewriting, [user("a"), answer("b"), user("c"), answer("d")], END_ID)
+
+
+def _spans(mask):
+    spans, start = [], None
+    for position, value in enumerate(list(mask) + [0]):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            spans.append((start, position))
+            start = None
+    return spans
