@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence, Union
 
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
 from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
 from specforge_outlets.data.targets import resolve_target, stop_token_ids
 
 
 class HFBackend:
     def __init__(self, target: str, settings: SamplingSettings, device: str = "cpu") -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = resolve_target(target)
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -34,8 +35,6 @@ class HFBackend:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def complete(self, batch: Sequence[Messages]) -> List[Union[TurnResult, TurnError]]:
-        import torch
-
         settings = self.settings
         prompts = [self.prompt_ids(messages) for messages in batch]
         answers: List[Union[TurnResult, TurnError, None]] = [None] * len(batch)
@@ -53,7 +52,8 @@ class HFBackend:
             sampling: dict[str, Any] = {"do_sample": False}
             if settings.temperature > 0:
                 sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
-            with torch.no_grad():
+            steps = tqdm(total=settings.max_new_tokens, desc="decode steps", unit="tok", leave=False)
+            with torch.no_grad(), steps:
                 output = self.model.generate(
                     input_ids=encoded["input_ids"].to(self.device),
                     attention_mask=encoded["attention_mask"].to(self.device),
@@ -61,6 +61,7 @@ class HFBackend:
                     repetition_penalty=settings.repetition_penalty,
                     eos_token_id=self.stop_ids,
                     pad_token_id=self.tokenizer.pad_token_id,
+                    stopping_criteria=StoppingCriteriaList([_StepProgress(steps)]),
                     **sampling,
                 )
             new_tokens = output[:, encoded["input_ids"].shape[1] :].tolist()
@@ -79,3 +80,14 @@ class HFBackend:
 def _plain(messages: Messages) -> Messages:
     """Only role and content reach the chat template (not our bookkeeping fields)."""
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+class _StepProgress(StoppingCriteria):
+    """Never stops anything: ticks an inner progress bar per decoding step (batches run minutes on CPU)."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        self.bar.update(1)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
