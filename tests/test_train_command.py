@@ -140,10 +140,6 @@ def test_features_without_labels_are_refused(capsys, tiny_target, tiny_features,
     assert "no 'remaining_length' tensor" in refused(capsys, recipe)
 
 
-def test_feature_dtype_mismatch_is_refused(capsys, recipe):
-    assert "re-capture with `outlets capture --dtype bfloat16`" in refused(capsys, recipe, "model.torch_dtype=bfloat16")
-
-
 def test_cpu_fsdp_sharding_is_refused(capsys, recipe):
     assert "NO_SHARD" in refused(capsys, recipe, "training.fsdp_sharding=FULL_SHARD")
 

@@ -144,3 +144,22 @@ def test_gate_multiplies_attention_output_before_o_proj(tiny_target):
     assert torch.allclose(closed, torch.zeros_like(closed))
     assert opened.abs().sum() > 0
     assert TINY_VOCAB > TINY_DRAFT_VOCAB
+
+
+def test_offline_reader_path_casts_states_and_pads_labels():
+    """bfloat16 captures feed a float32 run; labels are cut to max_len and padded with NO_LABEL."""
+    from specforge_outlets.training.algorithm import build_offline_collator, build_offline_normalizer
+
+    normalize = build_offline_normalizer(6, dtype="float32")
+    samples = []
+    for length in (8, 4):
+        raw = {
+            "input_ids": torch.arange(length), "loss_mask": torch.ones(length, dtype=torch.long),
+            "hidden_state": torch.randn(1, length, 4, dtype=torch.bfloat16),
+            "aux_hidden_state": torch.randn(1, length, 12, dtype=torch.bfloat16),
+            "remaining_length": torch.arange(length, 0, -1),
+        }
+        samples.append(normalize(raw))
+    assert samples[0]["hidden_state"].dtype == samples[0]["target"].dtype == torch.float32
+    batch = build_offline_collator()(samples)
+    assert batch["remaining_length"].tolist() == [[8, 7, 6, 5, 4, 3], [4, 3, 2, 1, -1, -1]]

@@ -118,17 +118,24 @@ def build_offline_reader(hidden_states_path, *, run_id, ttt_length, max_len):
     )
 
 
-def normalize_offline_sample(raw, max_len: int):
+def normalize_offline_sample(raw, max_len: int, dtype: str):
+    """EAGLE-3's normalisation, plus the labels, with target states in the run's dtype.
+
+    Captures store bfloat16 (as SGLang does); a float32 CPU run reads the same files.
+    """
+    import torch
     from specforge.algorithms.eagle3.data import normalize_offline_sample as eagle3_normalize
 
     sample = eagle3_normalize(raw, max_len)
+    for key in ("hidden_state", "target"):
+        sample[key] = sample[key].to(getattr(torch, dtype))
     sample[LENGTH_KEY] = raw[LENGTH_KEY][:max_len].long().unsqueeze(0)  # [1, T]
     return sample
 
 
-def build_offline_normalizer(max_len, *, ttt_length=1, use_usp_preprocess=False):
+def build_offline_normalizer(max_len, *, ttt_length=1, use_usp_preprocess=False, dtype: str):
     assert not use_usp_preprocess, "eagle3-outlets does not register the usp backend"
-    return partial(normalize_offline_sample, max_len=max_len)
+    return partial(normalize_offline_sample, max_len=max_len, dtype=dtype)
 
 
 def collate_with_labels(features, *, collate):
@@ -149,7 +156,7 @@ def build_offline_collator():
     return partial(collate_with_labels, collate=eagle3.build_offline_collator())
 
 
-def create_registration(settings: OutletsSettings) -> AlgorithmRegistration:
+def create_registration(settings: OutletsSettings, torch_dtype: str) -> AlgorithmRegistration:
     spec = eagle3.algorithm_spec()
     offline_contract = next(c for c in spec.feature_contracts if c.mode is FeatureMode.OFFLINE)
     spec = replace(
@@ -201,7 +208,7 @@ def create_registration(settings: OutletsSettings) -> AlgorithmRegistration:
                 offline,
                 normalizer_id="eagle3_outlets_offline_v1",
                 build_reader=build_offline_reader,
-                build_normalizer=build_offline_normalizer,
+                build_normalizer=partial(build_offline_normalizer, dtype=torch_dtype),
                 build_collator=build_offline_collator,
                 capture_layout=None,  # features come from `outlets capture`, which adds the labels
             )
@@ -213,10 +220,10 @@ def create_registration(settings: OutletsSettings) -> AlgorithmRegistration:
     return make_registration(spec, providers)
 
 
-def outlets_registry(settings: OutletsSettings) -> AlgorithmRegistry:
+def outlets_registry(settings: OutletsSettings, torch_dtype: str) -> AlgorithmRegistry:
     """SpecForge's built-in algorithms plus ``eagle3-outlets``, for SpecForge's composition root."""
     from specforge.algorithms.builtin import builtin_algorithm_registry
 
     import specforge_outlets.model.draft  # noqa: F401  (registers the draft architecture)
 
-    return builtin_algorithm_registry().with_registration(create_registration(settings))
+    return builtin_algorithm_registry().with_registration(create_registration(settings, torch_dtype))

@@ -92,13 +92,7 @@ def _check_features(cfg, draft_config) -> None:
     if not files:
         raise OutletsError(f"data.hidden_states_path={path} holds no .ckpt feature files; run `outlets capture`")
     target_hidden = getattr(draft_config, "target_hidden_size", draft_config.hidden_size)
-    stored = load_features(files[0], hidden_size=target_hidden)["hidden_state"].dtype
-    if str(stored).removeprefix("torch.") != cfg.model.torch_dtype:
-        raise OutletsError(
-            f"{files[0]}: hidden states are stored as {stored} but model.torch_dtype={cfg.model.torch_dtype}; "
-            f"set model.torch_dtype: {str(stored).removeprefix('torch.')} or re-capture with "
-            f"`outlets capture --dtype {cfg.model.torch_dtype}`"
-        )
+    load_features(files[0], hidden_size=target_hidden)
     manifest_path = os.path.join(path, MANIFEST)
     if os.path.exists(manifest_path):
         with open(manifest_path) as f:

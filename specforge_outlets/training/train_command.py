@@ -41,7 +41,7 @@ def run(args) -> int:
     from specforge_outlets.training.recipe import load_recipe
 
     recipe = load_recipe(args.config, args.overrides)
-    resolved = resolve_run(recipe.config, outlets_registry(recipe.settings))
+    resolved = resolve_run(recipe.config, outlets_registry(recipe.settings, recipe.config.model.torch_dtype))
     plan = build_launch_plan(
         resolved.config,
         algorithm=resolved.algorithm,
