@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "specforge_outlets.data.capture_command",
     "specforge_outlets.training.train_command",
     "specforge_outlets.training.export_command",
+    "specforge_outlets.evaluation.eval_command",
     "specforge_outlets.simulation.simulate_command",
     "specforge_outlets.demo.demo_command",
 )

@@ -1,77 +1,147 @@
-"""``outlets demo``: build a target, capture features, train an OUTLETS draft, export it, report.
+"""``outlets demo``: the main job on the embedded default target, end to end, in one run directory.
 
-This runs the training half of the pipeline end to end in about a minute on two CPU cores, on a
-tiny randomly initialised Llama target whose synthetic conversations have a length that the
-prompt determines (so there is something to learn). Each stage is skipped when its output
-exists, so an interrupted demo resumes. The data and evaluation stages on the real embedded
-target (SmolLM2-135M-Instruct) join here as those parts of the project land.
+built-in prompts -> regenerated with the target -> captured features + length labels ->
+OUTLETS draft (and an SD-only draft for the drafting comparison) -> evaluation against the
+baselines -> serving simulation driven by the measured prediction errors.
+
+Stages are content-addressed (``stages.py``): re-running reuses finished ones, so an interrupted
+demo resumes. ``--quick`` is a few-minute smoke run of the same pipeline.
 """
 
 from __future__ import annotations
 
-import glob
+import json
 import os
-import subprocess
-import sys
+import shutil
 import time
+
+import yaml
+
+from specforge_outlets.demo.stages import Stage, outlets, run_stages, stage_seconds
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_RECIPE = os.path.join(REPO_ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
+AZURE_TRACE = os.path.join(REPO_ROOT, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
+CLUSTER = os.path.join(REPO_ROOT, "recipes", "cluster-h100-1p3d.yaml")
+FULL = {"prompts": 100, "max_new_tokens": 384, "epochs": 4, "sd_only": True}
+QUICK = {"prompts": 20, "max_new_tokens": 48, "epochs": 1, "sd_only": False}
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="run the main job end to end on a local target")
+    parser = subparsers.add_parser("demo", help="run the main job end to end on the embedded default target")
     parser.add_argument("--output", default="runs/demo", help="run directory (default: runs/demo)")
-    parser.add_argument("--conversations", type=int, default=48, help="synthetic conversations to capture")
+    parser.add_argument("--quick", action="store_true", help="a few-minute smoke run of the same pipeline")
+    parser.add_argument("--target", default="smollm2-135m", help="target model (default: the embedded SmolLM2)")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="training recipe (CPU)")
+    parser.add_argument("--baselines", default=None, help="comma list passed to `outlets eval --baselines`")
+    parser.add_argument("--prompts-file", default=None,
+                        help="JSONL of {id, prompt} to draw from instead of the built-in prompts")
+    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (default 100, quick 20)")
     parser.set_defaults(func=run)
 
 
-def stage(number: int, title: str, done: bool) -> bool:
-    print(f"[{number}/4] {title}{' (cached)' if done else ''}", flush=True)
-    return not done
+def recipe_overrides(recipe: str, target: str) -> list[str]:
+    """Absolute paths for the recipe's repository-relative files, and the target."""
+    with open(recipe) as f:
+        model = yaml.safe_load(f).get("model", {})
+    overrides = [f"model.target_model_path={target}"]
+    draft = model.get("draft_model_config")
+    if draft and not os.path.isabs(draft):
+        overrides.append(f"model.draft_model_config={os.path.join(REPO_ROOT, draft)}")
+    return overrides
+
+
+def build_stages(args, sizes) -> list[Stage]:
+    from specforge_outlets.data.targets import resolve_target
+
+    target = resolve_target(args.target)
+    with open(args.recipe) as f:
+        recipe_text = f.read()
+
+    source = ["--dataset", "jsonl", "--path", args.prompts_file] if args.prompts_file else ["--dataset", "builtin"]
+
+    def prepare(out, _):
+        outlets("prepare", *source, "--output", out, "--max-samples", sizes["prompts"], "--sample", "random")
+
+    def regenerate(out, up):
+        for split in ("train", "test"):
+            outlets("regenerate", "--backend", "hf", "--target", target, "--resume",
+                    "--input", os.path.join(up["prepare"], f"{split}.jsonl"),
+                    "--output", os.path.join(out, f"{split}.jsonl"),
+                    "--max-new-tokens", sizes["max_new_tokens"], "--batch-size", 16)
+
+    def capture(out, up):
+        for split in ("train", "test"):
+            outlets("capture", "--target", target, "--input", os.path.join(up["regenerate"], f"{split}.jsonl"),
+                    "--output", os.path.join(out, split))
+
+    def trainer(*extra_overrides):
+        def train(out, up):
+            run_dir = os.path.join(out, "run")
+            outlets("train", "--config", args.recipe, *recipe_overrides(args.recipe, target),
+                    f"data.hidden_states_path={os.path.join(up['capture'], 'train')}",
+                    f"output_dir={run_dir}", f"tracking.wandb_dir={run_dir}",
+                    f"training.num_epochs={sizes['epochs']}", *extra_overrides)
+            shutil.rmtree(os.path.join(out, "draft"), ignore_errors=True)
+            outlets("export", "--checkpoint", run_dir, "--output", os.path.join(out, "draft"))
+        return train
+
+    def evaluate(out, up):
+        extra = ["--sd-only-draft", os.path.join(up["train_sd_only"], "draft")] if "train_sd_only" in up else []
+        extra += ["--baselines", args.baselines] if args.baselines else []
+        shutil.rmtree(os.path.join(out, "report"), ignore_errors=True)
+        outlets("eval", "--draft", os.path.join(up["train_outlets"], "draft"), *extra,
+                "--features", os.path.join(up["capture"], "test"),
+                "--train-features", os.path.join(up["capture"], "train"),
+                "--target", target, "--output", os.path.join(out, "report"))
+
+    def simulate(out, up):
+        predictions = os.path.join(up["eval"], "report", "predictions", "outlets.jsonl")
+        if not os.path.isfile(AZURE_TRACE):
+            print(f"no trace at {AZURE_TRACE}: simulation skipped")
+            return
+        outlets("simulate", "--trace", AZURE_TRACE, "--num-requests", "4000", "--config", CLUSTER, "--output", os.path.join(out, "report"),
+                "--predictor", "file", "--predictions", predictions, "--rate-scale", "1", "3", "5")
+
+    stages = [
+        Stage("prepare", {"source": source, "prompts": sizes["prompts"]}, prepare),
+        Stage("regenerate", {"target": target, "max_new_tokens": sizes["max_new_tokens"]}, regenerate, ("prepare",)),
+        Stage("capture", {"target": target}, capture, ("regenerate",)),
+        Stage("train_outlets", {"recipe": recipe_text, "epochs": sizes["epochs"]}, trainer(), ("capture",)),
+    ]
+    if sizes["sd_only"]:
+        stages.append(Stage("train_sd_only", {"recipe": recipe_text, "epochs": sizes["epochs"]},
+                            trainer("outlets.length_loss_weight=0"), ("capture",)))
+    eval_needs = ("capture", "train_outlets") + (("train_sd_only",) if sizes["sd_only"] else ())
+    stages.append(Stage("eval", {"baselines": args.baselines}, evaluate, eval_needs))
+    stages.append(Stage("simulate", {"trace": os.path.isfile(AZURE_TRACE)}, simulate, ("eval",)))
+    return stages
 
 
 def run(args) -> int:
-    from specforge_outlets.data.features import load_features
-    from specforge_outlets.demo.tiny_target import make_features, make_tiny_target, write_recipe
-    from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
-    from specforge_outlets.model.inference import labelled_predictions
-    from specforge_outlets.training.export_command import export_draft
-
-    root = os.path.abspath(args.output)
-    target, features = os.path.join(root, "target"), os.path.join(root, "features")
-    train_dir, export_dir = os.path.join(root, "train"), os.path.join(root, "draft")
     started = time.time()
-
-    if stage(1, f"tiny Llama target -> {target}", os.path.isfile(os.path.join(target, "draft_config.json"))):
-        make_tiny_target(target)
-    if stage(2, f"{args.conversations} conversations -> features {features}",
-             os.path.isfile(os.path.join(features, "manifest.json"))):
-        make_features(target, features, count=args.conversations, seed=0, censor_every=8)
-    if stage(3, f"outlets train -> {train_dir}", bool(glob.glob(os.path.join(train_dir, "*-latest")))):
-        recipe = write_recipe(os.path.join(root, "recipe.yaml"), target, features, train_dir,
-                              training={"log_interval": 10})
-        subprocess.run([sys.executable, "-m", "specforge_outlets.cli", "train", "--config", recipe], check=True)
-    if stage(4, f"outlets export -> {export_dir}", os.path.isfile(os.path.join(export_dir, "model.safetensors"))):
-        export_draft(train_dir, export_dir)
-
-    trained = OutletsLlamaForCausalLMEagle3.from_export(export_dir, target_model_path=target)
-    untrained = OutletsLlamaForCausalLMEagle3(trained.config).float().eval()
-    untrained.load_embedding(target)
-    print("\nstatic prediction (at the last prompt position) against the true response length:")
-    print(f"{'conversation':>18} {'true':>6} {'untrained':>10} {'OUTLETS':>8}")
-    abs_errors = {"untrained": [], "OUTLETS": []}
-    for path in sorted(glob.glob(os.path.join(features, "*.ckpt"))):
-        sample = load_features(path)
-        predicted, true = labelled_predictions(trained, sample)
-        before, _ = labelled_predictions(untrained, sample)
-        if true.numel() == 0:
-            continue  # a censored response: no label
-        abs_errors["OUTLETS"].append(float((predicted[0] - true[0]).abs()))
-        abs_errors["untrained"].append(float((before[0] - true[0]).abs()))
-        if len(abs_errors["OUTLETS"]) <= 8:
-            print(f"{os.path.basename(path).removesuffix('.ckpt'):>18} {int(true[0]):>6} {float(before[0]):>10.1f} {float(predicted[0]):>8.1f}")
-    n = len(abs_errors["OUTLETS"])
-    print(f"\nstatic MAE over {n} labelled conversations: untrained {sum(abs_errors['untrained']) / n:.1f} tokens, "
-          f"OUTLETS {sum(abs_errors['OUTLETS']) / n:.1f} tokens")
-    print(f"draft: {export_dir}  ({sum(p.numel() for p in trained.parameters()) / 1e3:.0f}k parameters, "
-          f"length head {sum(p.numel() for p in trained.length_head.parameters())})")
-    print(f"finished in {time.time() - started:.0f} s")
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.prompts:
+        sizes["prompts"] = args.prompts
+    root = os.path.abspath(args.output)
+    dirs = run_stages(root, build_stages(args, sizes))
+    print_summary(dirs)
+    print(f"\nrun directory: {root}  ({time.time() - started:.0f} s)")
+    for name, directory in dirs.items():
+        print(f"  {name:<14} {stage_seconds(directory):>7.0f} s  {directory}")
     return 0
+
+
+def print_summary(dirs) -> None:
+    """The evaluation table and the serving result, read back from the reports."""
+    with open(os.path.join(dirs["eval"], "report", "report.json")) as f:
+        report = json.load(f)
+    print(f"\nlength prediction on {report['n_requests']} held-out requests (MAE in tokens):")
+    print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8}")
+    for name, entry in sorted(report["predictors"].items(), key=lambda item: item[1]["static_mae"]):
+        dynamic = entry.get("dynamic_mae")
+        print(f"  {name:<16} {entry['static_mae']:>8.1f} {dynamic if dynamic is None else f'{dynamic:8.1f}':>8}")
+    print(f"  full report: {os.path.join(dirs['eval'], 'report', 'report.md')}")
+    summary = os.path.join(dirs["simulate"], "report", "summary.md")
+    if os.path.isfile(summary):
+        print(f"  serving simulation driven by these errors: {summary}")

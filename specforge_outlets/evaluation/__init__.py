@@ -1,0 +1,1 @@
+"""``outlets eval``: length-prediction accuracy of OUTLETS against baselines, drafting quality, overhead."""

@@ -1,0 +1,1 @@
+"""Baseline length predictors, one module each, all implementing ``evaluation.predictor.Predictor``."""

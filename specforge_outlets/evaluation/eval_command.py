@@ -1,0 +1,229 @@
+"""``outlets eval``: OUTLETS' length predictions against the baselines, drafting quality, overhead.
+
+    outlets eval --draft EXPORT [--sd-only-draft EXPORT] --features TEST --train-features TRAIN \
+        --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia]
+
+Every predictor is fitted on the train split and scored on the test split (``metrics``). The report
+is written into a temporary directory next to ``--output`` and renamed at the end, so a failed run
+never leaves a directory that looks like a finished report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from specforge_outlets.errors import OutletsError
+
+# name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
+BASELINES = {
+    "constant": "specforge_outlets.evaluation.baselines.constant:ConstantPredictor",
+    "probe": "specforge_outlets.evaluation.baselines.probe:ProbePredictor",
+    "bert": "specforge_outlets.evaluation.baselines.prompt_encoder:PromptEncoderPredictor",
+    "lm-classifier": "specforge_outlets.evaluation.baselines.lm_classifier:BucketClassifierPredictor",
+    "pia": "specforge_outlets.evaluation.baselines.instruction:InstructionPredictor",
+}
+REPORT = "report.json"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate length prediction (static/dynamic MAE) against baselines, drafting quality, overhead",
+        description="Score an exported OUTLETS draft and the baselines on captured test features.",
+    )
+    parser.add_argument("--draft", help="`outlets export` directory of the OUTLETS draft (omit: baselines only)")
+    parser.add_argument("--sd-only-draft", help="export of a draft trained without the length loss, for drafting quality")
+    parser.add_argument("--features", required=True, help="test split: feature directory from `outlets capture`")
+    parser.add_argument("--train-features", required=True, help="train split the baselines are fitted on")
+    parser.add_argument("--target", help="target model (directory, hub name or smollm2-135m); default: the test manifest's")
+    parser.add_argument("--output", required=True, help="report directory (must not exist unless --overwrite)")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help=f"comma list of {', '.join(BASELINES)}, or 'none' (default: all)")
+    parser.add_argument("--classifier-lm", help="lm-classifier: another causal LM directory (default: the target's states)")
+    parser.add_argument("--ttt-length", type=int, default=3, help="drafting: TTT steps unrolled (default 3, the CPU recipes')")
+    parser.add_argument("--no-drafting", action="store_true", help="skip the drafting-quality pass")
+    parser.add_argument("--timing-repeats", type=int, default=200, help="overhead: timed repeats (after 20 warm-up)")
+    parser.add_argument("--short-max", type=int, default=200, help="length bucket: short is L < this")
+    parser.add_argument("--long-min", type=int, default=500, help="length bucket: long is L > this")
+    parser.add_argument("--compile", action="store_true",
+                        help="keep SpecForge's torch.compile kernels (default: eager; compiling costs minutes on CPU)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default: torch's choice; 1 gives steadier timings on a shared CPU)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing report directory")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def parse_baselines(text: str) -> List[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [name for name in names if name not in BASELINES]
+    if unknown or not names:
+        raise OutletsError(f"--baselines {text!r}: unknown {unknown or 'empty list'}; choose from {', '.join(BASELINES)} or none")
+    return list(dict.fromkeys(names))
+
+
+def build_baseline(name: str, context):
+    module, cls = BASELINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)(context)
+
+
+def run(args: argparse.Namespace) -> int:
+    baselines = parse_baselines(args.baselines)
+    output = os.path.abspath(args.output)
+    if os.path.exists(output) and os.listdir(output) and not args.overwrite:
+        raise OutletsError(f"--output {args.output} exists and is not empty; choose a new directory or pass --overwrite")
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(output)}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        import torch._dynamo
+
+        with torch._dynamo.config.patch(disable=not args.compile):
+            report = evaluate(args, baselines, tmp)
+        if os.path.exists(output):
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(report, output)
+    return 0
+
+
+def _resolve_target(args, manifest: Dict[str, Any]) -> Optional[str]:
+    from specforge_outlets.data.targets import resolve_target
+
+    target = args.target or manifest.get("target_path") or manifest.get("target")
+    return resolve_target(target) if target else None
+
+
+def _check_target(target_path: Optional[str], test) -> None:
+    config = os.path.join(target_path or "", "config.json")
+    if not target_path or not os.path.isfile(config):
+        return
+    with open(config, encoding="utf-8") as handle:
+        hidden = json.load(handle).get("hidden_size")
+    if hidden and int(hidden) != test.hidden_size:
+        raise OutletsError(
+            f"{test.requests[0].file}: hidden size {test.hidden_size} does not match --target {target_path} "
+            f"(hidden_size {hidden}); these features were captured from another target model"
+        )
+
+
+def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[str, Any]:
+    import torch
+
+    from specforge_outlets.evaluation import drafting, overhead, report as reporting
+    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, check_features_match_draft, load_draft
+    from specforge_outlets.evaluation.predictor import EvalContext, check_predictions
+    from specforge_outlets.evaluation.requests import load_split
+
+    progress = not args.no_progress
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    test = load_split(args.features, name="features")
+    target_path = _resolve_target(args, test.manifest)
+    _check_target(target_path, test)
+    if args.draft and target_path is None:
+        raise OutletsError("--draft needs the target (its token embedding): pass --target")
+    draft = load_draft(args.draft, target_path) if args.draft else None
+    sd_only = load_draft(args.sd_only_draft, target_path) if args.sd_only_draft else None
+    for model, directory in ((draft, args.draft), (sd_only, args.sd_only_draft)):
+        if model is not None:
+            check_features_match_draft(model, directory, test)
+    train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
+    context = EvalContext(target_path=target_path, device=args.device, seed=args.seed, progress=progress,
+                          options={"classifier_lm": args.classifier_lm})
+    predictors = ([OutletsPredictor(context, draft, args.draft)] if draft is not None else [])
+    predictors += [build_baseline(name, context) for name in baselines]
+    if not predictors:
+        raise OutletsError("nothing to evaluate: pass --draft or at least one baseline")
+
+    from tqdm import tqdm
+
+    results: Dict[str, Any] = {}
+    all_predictions: Dict[str, Any] = {}
+    all_rows: List[Dict[str, Any]] = []
+    os.makedirs(os.path.join(out, "predictions"))
+    for predictor in tqdm(predictors, desc="predictors", unit="predictor", disable=not progress):
+        torch.manual_seed(args.seed)
+        started = time.perf_counter()
+        predictor.fit(train)
+        fitted = time.perf_counter()
+        predictions = predictor.predict(test)
+        done = time.perf_counter()
+        check_predictions(predictor.name, test, predictions)
+        entry = reporting.score(test, predictions, predictor.dynamic_source, short_max=args.short_max, long_min=args.long_min)
+        entry.update(description=predictor.description, fit_seconds=round(fitted - started, 2),
+                     predict_seconds=round(done - fitted, 2), info=predictor.info)
+        results[predictor.name] = entry
+        all_predictions[predictor.name] = predictions
+        rows = reporting.prediction_rows(predictor.name, test, predictions)
+        reporting.write_jsonl(os.path.join(out, "predictions", f"{predictor.name}.jsonl"), rows)
+        all_rows += rows
+    reporting.write_jsonl(os.path.join(out, "predictions.jsonl"), all_rows)
+
+    drafting_report = None
+    if not args.no_drafting and (draft is not None or sd_only is not None):
+        head = drafting.load_target_head(target_path)
+        drafting_report = {}
+        for name, model in (("outlets", draft), ("sd_only", sd_only)):
+            if model is not None:
+                drafting_report[name] = drafting.drafting_metrics(
+                    model, head, test.files(), ttt_length=args.ttt_length, progress=progress, desc=f"drafting: {name}")
+        if draft is not None and sd_only is not None:
+            drafting_report["comparison"] = drafting.compare(drafting_report["outlets"], drafting_report["sd_only"])
+    overhead_report = None
+    if draft is not None:
+        overhead_report = {"parameters": overhead.parameter_counts(draft),
+                           "timing": overhead.measure(draft, repeats=args.timing_repeats, device=args.device)}
+
+    ranked = lambda key: sorted(results, key=lambda name: results[name][key])  # noqa: E731
+    report = {
+        "version": reporting.REPORT_VERSION,
+        "features": os.path.abspath(args.features),
+        "train_features": os.path.abspath(args.train_features),
+        "target": target_path,
+        "draft": os.path.abspath(args.draft) if args.draft else None,
+        "sd_only_draft": os.path.abspath(args.sd_only_draft) if args.sd_only_draft else None,
+        "n_requests": len(test),
+        "n_train_requests": len(train),
+        "settings": {"buckets": {"short": args.short_max, "long": args.long_min}, "ttt_length": args.ttt_length,
+                     "seed": args.seed, "baselines": baselines, "compile": args.compile},
+        "predictors": results,
+        "ranking": {"static_mae": ranked("static_mae"), "dynamic_mae": ranked("dynamic_mae")},
+        "drafting": drafting_report,
+        "overhead": overhead_report,
+    }
+    report["plots"] = reporting.plots(report, test, all_predictions, out)
+    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as handle:
+        handle.write(reporting.markdown(report))
+    with open(os.path.join(out, REPORT), "w", encoding="utf-8") as handle:  # last: its presence means finished
+        json.dump(report, handle, indent=2)
+    return report
+
+
+def print_summary(report: Dict[str, Any], output: str) -> None:
+    print(f"\nlength prediction on {report['n_requests']} test requests (MAE, tokens):")
+    for name, entry in report["predictors"].items():
+        print(f"  {name:14s} static {entry['static_mae']:8.1f}   dynamic {entry['dynamic_mae']:8.1f} ({entry['dynamic_source']})")
+    if report.get("drafting") and report["drafting"].get("comparison"):
+        c = report["drafting"]["comparison"]
+        print(f"drafting: acceptance rate vs SD-only {100 * c['acceptance_rate_relative_change']:+.2f}%")
+    if report.get("overhead"):
+        p, t = report["overhead"]["parameters"], report["overhead"]["timing"]
+        print(f"overhead: length head {p['length_head']:,} params ({100 * p['head_share']:.2f}%), "
+              f"{t['length_head_step_ms']:.3f} ms/step ({100 * t['head_time_share']:.2f}% of a draft step)")
+    print(f"report: {os.path.join(output, 'report.md')}", file=sys.stdout)

@@ -1,0 +1,75 @@
+"""OUTLETS as a predictor: the exported draft's length head over the test features.
+
+One draft step over each whole sequence (``model.inference``): the state at position ``j`` predicts
+the remaining length after token ``j + 1``, so the state at the last prompt position gives
+``r_hat_0`` and the response positions give ``r_hat_t``. Nothing is fitted on the train split:
+the draft was trained by ``outlets train``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+import torch
+from tqdm import tqdm
+
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
+from specforge_outlets.evaluation.requests import Split
+
+
+def load_draft(directory: str, target_path: str | None):
+    """An ``outlets export`` directory as a float32 draft; errors name the directory."""
+    from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise OutletsError(f"--draft {directory}: no config.json; pass an `outlets export` directory")
+    try:
+        return OutletsLlamaForCausalLMEagle3.from_export(directory, target_model_path=target_path)
+    except OutletsError as exc:
+        raise OutletsError(f"{os.path.join(directory, 'config.json')}: {exc}") from exc
+
+
+def draft_target_hidden_size(draft) -> int:
+    """The target hidden size the draft's fusion layer reads (its input is three target depths)."""
+    return int(draft.fc.in_features) // 3
+
+
+def check_features_match_draft(draft, directory: str, split: Split) -> None:
+    expected = draft_target_hidden_size(draft)
+    if split.hidden_size != expected:
+        raise OutletsError(
+            f"{split.requests[0].file}: hidden size {split.hidden_size} does not match the draft {directory}, "
+            f"whose fusion layer reads 3 x {expected} target features; these features were captured from "
+            "another target model"
+        )
+
+
+class OutletsPredictor(Predictor):
+    name = "outlets"
+    description = "OUTLETS: the EAGLE-3 draft's length head (draft state after the gated draft layer)"
+    dynamic_source = DYNAMIC_MODEL
+
+    def __init__(self, context, draft=None, draft_dir: str = "") -> None:
+        super().__init__(context)
+        self.draft, self.draft_dir = draft, draft_dir
+
+    def fit(self, train: Split) -> None:
+        pass
+
+    @torch.no_grad()
+    def predict(self, test: Split) -> List[Prediction]:
+        from specforge_outlets.model.inference import predict_log_remaining
+        from specforge_outlets.model.length_head import log_remaining_to_tokens
+
+        check_features_match_draft(self.draft, self.draft_dir, test)
+        out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
+        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc="outlets: predict",
+                                         unit="file", disable=not self.context.progress, leave=False):
+            z = predict_log_remaining(self.draft, features["input_ids"][None], features["aux_hidden_state"])[0]
+            remaining = log_remaining_to_tokens(z).double()
+            for index, request in members:
+                dynamic = remaining[request.prompt_end : request.prompt_end + request.length].numpy()
+                out[index] = Prediction(float(dynamic[0]), dynamic)
+        return out

@@ -1,0 +1,299 @@
+"""`outlets eval`: every predictor on tiny captured data, the report's schema, and refused inputs.
+
+The data is real `outlets capture` output from the tiny chat Llama of tests/data_fixtures.py (so
+the manifest names the regenerated JSONL and the text baselines have prompts); the OUTLETS draft
+is an untrained export of the right shape (training is covered by test_train_command.py).
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specforge_outlets.cli import main
+from specforge_outlets.data import capture_command
+from specforge_outlets.data.features import load_features, save_features
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.evaluation import eval_command
+from specforge_outlets.evaluation.baselines.instruction import parse_estimate
+from specforge_outlets.evaluation.predictor import EvalContext, Prediction, check_predictions
+from specforge_outlets.evaluation.requests import load_split
+from tests.data_fixtures import make_chat_target, read_jsonl, run_command, write_jsonl
+
+TOPICS = ["France", "colours", "water", "numbers", "Python", "the dog", "the fox", "hello world"]
+WORDS = "the quick brown fox jumps over the lazy dog red green blue water cycle".split()
+
+
+def rows(count, offset):
+    out = []
+    for i in range(count):
+        long = (i + offset) % 2 == 1
+        topic = TOPICS[(i + offset) % len(TOPICS)]
+        prompt = f"{'Explain in detail' if long else 'In one word'}: {topic}?"
+        answer = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(24 if long else 2))
+        turns = [{"role": "user", "content": prompt},
+                 {"role": "assistant", "content": answer, "num_tokens": 0, "finish_reason": "stop"}]
+        if i == 3:  # one two-turn conversation: two requests
+            turns += [{"role": "user", "content": "And more?"},
+                      {"role": "assistant", "content": "more words here", "num_tokens": 0, "finish_reason": "stop"}]
+        out.append({"id": f"r{offset + i}", "conversations": turns})
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    """(target dir, train features, test features), captured from the tiny chat target."""
+    root = tmp_path_factory.mktemp("eval-data")
+    target = make_chat_target(str(root / "target"))
+    splits = []
+    for name, count, offset in (("train", 16, 0), ("test", 8, 100)):
+        source = write_jsonl(root / f"{name}.jsonl", rows(count, offset))
+        out = root / "features" / name
+        assert run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out]) == 0
+        splits.append(str(out))
+    return target, splits[0], splits[1]
+
+
+def make_export(target, directory, *, outlets_config=True):
+    """An untrained OUTLETS draft export for ``target`` (what `outlets export` writes)."""
+    from transformers import AutoConfig
+
+    from specforge_outlets.model.draft import DRAFT_ARCHITECTURE, OutletsLlamaForCausalLMEagle3
+    from specforge_outlets.training.settings import OutletsSettings
+    from transformers import LlamaConfig
+
+    t = AutoConfig.from_pretrained(target)
+    config = LlamaConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         draft_vocab_size=t.vocab_size, architectures=[DRAFT_ARCHITECTURE], pad_token_id=0,
+                         outlets_config=OutletsSettings().draft_config(t.hidden_size, t.num_hidden_layers).to_dict())
+    torch.manual_seed(0)
+    model = OutletsLlamaForCausalLMEagle3(config).float()
+    model.save_pretrained(directory, state_dict={k: v for k, v in model.state_dict().items() if "embed" not in k})
+    if not outlets_config:
+        path = os.path.join(directory, "config.json")
+        raw = json.load(open(path))
+        raw.pop("outlets_config")
+        raw["architectures"] = ["LlamaForCausalLMEagle3"]
+        json.dump(raw, open(path, "w"))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def draft(chat, tmp_path_factory):
+    return make_export(chat[0], tmp_path_factory.mktemp("draft") / "export")
+
+
+# --- the splits ---------------------------------------------------------------------------------
+
+
+def test_split_has_one_request_per_labelled_response_with_its_prompt(chat):
+    _, train_dir, test_dir = chat
+    test = load_split(test_dir)
+    assert len(test) == 9  # 8 conversations, one with two assistant turns
+    ids = [r.id for r in test.requests]
+    assert ids[:3] == ["r100", "r101", "r102"] and ids[3:5] == ["r103#1", "r103#2"]
+    first, second = test.requests[3], test.requests[4]
+    assert first.messages[-1]["content"].endswith("?") and len(second.messages) == 3
+    for request in test.requests:
+        labels = load_features(request.file)["remaining_length"]
+        assert labels[request.start] == request.length and labels[request.start - 1] == -1
+    # prompts are told apart by their length: "in one word" answers are short
+    assert max(r.length for r in test.requests if "one word" in r.messages[-1]["content"]) < \
+        min(r.length for r in test.requests if "detail" in r.messages[-1]["content"])
+
+
+# --- every baseline trains and predicts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(eval_command.BASELINES))
+def test_each_baseline_trains_and_predicts(chat, name):
+    target, train_dir, test_dir = chat
+    train, test = load_split(train_dir), load_split(test_dir)
+    predictor = eval_command.build_baseline(name, EvalContext(target_path=target, progress=False))
+    predictor.fit(train)
+    predictions = predictor.predict(test)
+    check_predictions(name, test, predictions)
+    assert all(p.static >= 0 for p in predictions)
+    if name == "probe":
+        assert [p.dynamic.shape for p in predictions] == [(r.length,) for r in test.requests]
+    if name == "constant":
+        assert {p.static for p in predictions} == {float(np.median(train.lengths))}
+        # dynamically: the median remaining length of the training responses still running
+        remaining = predictor.remaining_median(40)
+        running = np.array(train.lengths)[np.array(train.lengths) > 5]
+        assert remaining[5] == np.median(running - 5)
+    if name in ("probe", "bert", "lm-classifier"):
+        # fitted on a learnable signal (the prompt says short or long): beats the training median on train
+        fitted = predictor.predict(train)
+        mae = np.mean([abs(p.static - r.length) for p, r in zip(fitted, train.requests)])
+        median_mae = np.mean(np.abs(np.array(train.lengths) - np.median(train.lengths)))
+        assert mae < 0.8 * median_mae, (mae, median_mae)
+    if name == "pia":
+        info = predictor.info
+        assert info["parsed"] + info["unparseable"] == len(test)
+        assert sum(p.static == info["fallback"] for p in predictions) >= info["unparseable"]
+
+
+def test_lm_classifier_with_another_lm(chat):
+    target, train_dir, test_dir = chat
+    context = EvalContext(target_path=target, progress=False, options={"classifier_lm": target})
+    predictor = eval_command.build_baseline("lm-classifier", context)
+    train, test = load_split(train_dir), load_split(test_dir)
+    predictor.fit(train)
+    predictions = predictor.predict(test)
+    check_predictions("lm-classifier", test, predictions)
+    centres = set(predictor.centres.tolist())
+    assert all(p.static in centres for p in predictions)
+
+
+def test_pia_parses_the_first_positive_integer():
+    assert parse_estimate("About 150 tokens.") == 150
+    assert parse_estimate("1,200") == 1200
+    assert parse_estimate("I'd say 0 or 30") is None  # the first number is not a length
+    assert parse_estimate("roughly two hundred") is None
+    assert parse_estimate("") is None
+    assert parse_estimate("12345678901") is None
+
+
+# --- the command and its report --------------------------------------------------------------------
+
+
+def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
+    from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+    from specforge_outlets.simulation.trace import Trace
+
+    target, train_dir, test_dir = chat
+    out = tmp_path / "report"
+    code = main(["eval", "--draft", draft, "--sd-only-draft", draft, "--features", test_dir, "--train-features",
+                 train_dir, "--target", target, "--output", str(out), "--timing-repeats", "5", "--no-progress",
+                 "--baselines", "constant,probe,lm-classifier"])  # each baseline has its own test above
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    names = ["outlets", "constant", "probe", "lm-classifier"]
+    assert list(report["predictors"]) == names
+    for name in names:
+        entry = report["predictors"][name]
+        assert entry["n_requests"] == report["n_requests"] == 9
+        assert entry["static_mae"] >= 0 and entry["dynamic_mae"] >= 0
+        assert len(entry["mae_by_progress"]) == 10
+        assert set(entry["mae_by_length_bucket"]) == {"short", "medium", "long"}
+    assert report["predictors"]["outlets"]["dynamic_source"] == "model"
+    assert report["predictors"]["lm-classifier"]["dynamic_source"] == "countdown"
+    assert report["ranking"]["static_mae"][0] in names
+    drafting = report["drafting"]
+    assert len(drafting["outlets"]["acceptance_rate_per_step"]) == 3
+    assert drafting["comparison"]["acceptance_rate_relative_change"] == 0  # the same draft twice
+    parameters = report["overhead"]["parameters"]
+    assert parameters["length_head"] == 32 * 16 + 16 + 16 * 8 + 8 + 8 + 1
+    assert 0 < parameters["head_share"] < 0.5 and report["overhead"]["timing"]["length_head_step_ms"] > 0
+    assert sorted(report["plots"]) == ["mae_vs_progress.png", "predicted_vs_true.png"]
+    for plot in report["plots"]:
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+    markdown = (out / "report.md").read_text()
+    assert "| outlets |" in markdown and "Overhead" in markdown and "Drafting" in markdown
+    rows = read_jsonl(out / "predictions.jsonl")
+    assert len(rows) == 9 * len(names)
+    assert set(rows[0]) == {"id", "predictor", "predicted_output_len", "true_output_len"}
+    # a per-predictor file is what `outlets simulate --predictor file --predictions` reads
+    outlets_rows = read_jsonl(out / "predictions" / "outlets.jsonl")
+    ids = [row["id"] for row in outlets_rows]
+    trace = Trace("t", ids, np.zeros(len(ids)), np.ones(len(ids), np.int64),
+                  np.array([row["true_output_len"] for row in outlets_rows], np.int64))
+    assert predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=str(out / "predictions" / "outlets.jsonl")) \
+        == [row["predicted_output_len"] for row in outlets_rows]
+    assert "report:" in capsys.readouterr().out
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    # the output is not overwritten by accident
+    again = main(["eval", "--features", test_dir, "--train-features", train_dir, "--output", str(out),
+                  "--baselines", "constant", "--no-progress"])
+    assert again == 2 and "exists" in capsys.readouterr().err
+
+
+# --- refused inputs -------------------------------------------------------------------------------
+
+
+def refused(capsys, out, *args):
+    assert main(["eval", *args, "--output", str(out), "--no-progress", "--timing-repeats", "2"]) == 2
+    assert not out.exists() and not [p for p in os.listdir(out.parent) if ".tmp-" in p]
+    return capsys.readouterr().err
+
+
+def copy_split(source, destination, edit=None, files=None):
+    os.makedirs(destination)
+    names = sorted(n for n in os.listdir(source) if n.endswith(".ckpt"))[: files]
+    for name in names:
+        features = load_features(os.path.join(source, name))
+        if edit:
+            features = edit(features)
+        save_features(os.path.join(destination, name), features)
+    return str(destination)
+
+
+def test_features_from_another_target_are_refused(chat, draft, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+
+    def shrink(f):  # a 16-wide target
+        return {**f, "hidden_state": f["hidden_state"][..., :16], "aux_hidden_state": f["aux_hidden_state"][..., :48]}
+
+    other = copy_split(test_dir, tmp_path / "other", shrink, files=2)
+    err = refused(capsys, tmp_path / "o1", "--draft", draft, "--features", other, "--train-features", train_dir,
+                  "--baselines", "none", "--target", target)
+    assert "data_0.ckpt" in err and "hidden size 16" in err and "another target" in err
+    # train and test from different targets
+    err = refused(capsys, tmp_path / "o2", "--features", test_dir, "--train-features", other, "--baselines", "constant")
+    assert "data_0.ckpt" in err and "another target" in err
+
+
+def test_a_draft_without_a_length_head_is_refused(chat, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    plain = make_export(target, tmp_path / "plain", outlets_config=False)
+    err = refused(capsys, tmp_path / "o", "--draft", plain, "--features", test_dir, "--train-features", train_dir,
+                  "--target", target, "--baselines", "none")
+    assert "config.json" in err and "without a length head" in err
+
+
+def test_an_empty_test_split_is_refused(chat, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    (tmp_path / "empty").mkdir()
+    err = refused(capsys, tmp_path / "o1", "--features", str(tmp_path / "empty"), "--train-features", train_dir)
+    assert "empty split" in err
+    censored = copy_split(test_dir, tmp_path / "censored",
+                          lambda f: {**f, "remaining_length": torch.full_like(f["remaining_length"], -1)}, files=2)
+    err = refused(capsys, tmp_path / "o2", "--features", censored, "--train-features", train_dir)
+    assert "censored" in err and "empty split" in err
+
+
+def test_nan_predictions_are_refused_naming_the_file(chat, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+
+    def poison(f):
+        return {**f, "hidden_state": torch.full_like(f["hidden_state"], float("nan"))}
+
+    broken = copy_split(test_dir, tmp_path / "nan", files=3)
+    save_features(os.path.join(broken, "data_1.ckpt"), poison(load_features(os.path.join(broken, "data_1.ckpt"))))
+    err = refused(capsys, tmp_path / "o", "--features", broken, "--train-features", train_dir, "--baselines",
+                  "constant,probe")
+    assert "probe" in err and "data_1.ckpt" in err and "NaN" in err
+
+
+def test_check_predictions_rejects_nan():
+    class Split:
+        requests = [type("R", (), {"id": "a", "file": "f.ckpt", "length": 2})()]
+
+        def __len__(self):
+            return 1
+
+    with pytest.raises(OutletsError, match="f.ckpt"):
+        check_predictions("x", Split(), [Prediction(float("nan"))])
+    with pytest.raises(OutletsError, match="f.ckpt"):
+        check_predictions("x", Split(), [Prediction(1.0, np.array([1.0, np.inf]))])
+
+
+def test_unknown_baseline_is_refused(chat, tmp_path, capsys):
+    _, train_dir, test_dir = chat
+    err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines", "bret")
+    assert "bret" in err and "constant" in err

@@ -1,0 +1,71 @@
+"""Length-prediction metrics against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+
+from specforge_outlets.evaluation import metrics
+
+
+def test_static_mae_by_hand():
+    # |4 - 2| = 2, |2 - 5| = 3
+    assert metrics.static_mae([4, 2], [2.0, 5.0]) == pytest.approx(2.5)
+
+
+def test_dynamic_mae_by_hand():
+    # L = 4, r_hat = 4,4,4,4 vs true 4,3,2,1 -> errors 0,1,2,3 -> 1.5
+    # L = 2, r_hat = 1,1 vs true 2,1 -> errors 1,0 -> 0.5; mean over requests 1.0
+    dynamic = [np.array([4.0, 4, 4, 4]), np.array([1.0, 1])]
+    assert metrics.dynamic_abs_errors(4, dynamic[0]).tolist() == [0, 1, 2, 3]
+    assert metrics.dynamic_mae([4, 2], dynamic) == pytest.approx(1.0)
+    # a perfect predictor scores zero; the requests weigh the same whatever their length
+    assert metrics.dynamic_mae([3, 100], [np.array([3.0, 2, 1]), np.arange(100, 0, -1.0)]) == 0
+    assert metrics.dynamic_mae([1, 100], [np.array([3.0]), np.arange(100, 0, -1.0)]) == pytest.approx(1.0)
+
+
+def test_dynamic_needs_one_prediction_per_position():
+    with pytest.raises(AssertionError):
+        metrics.dynamic_abs_errors(3, [1.0, 2.0])
+
+
+def test_mae_by_progress_by_hand():
+    # L = 4: t = 0,1,2,3 fall in deciles 0, 2, 5, 7 with errors 0,1,2,3
+    # L = 2: t = 0,1 fall in deciles 0, 5 with errors 1, 0
+    dynamic = [np.array([4.0, 4, 4, 4]), np.array([1.0, 1])]
+    by_progress = metrics.mae_by_progress([4, 2], dynamic)
+    assert len(by_progress) == 10
+    assert by_progress[0] == pytest.approx(0.5)
+    assert by_progress[2] == pytest.approx(1.0)
+    assert by_progress[5] == pytest.approx(1.0)
+    assert by_progress[7] == pytest.approx(3.0)
+    assert [by_progress[i] for i in (1, 3, 4, 6, 8, 9)] == [None] * 6
+
+
+def test_mae_by_progress_averages_within_a_request_first():
+    # L = 20: decile 0 holds t = 0, 1 with errors 2 and 4 -> request mean 3; other request L = 10 error 0
+    pred20 = np.arange(20, 0, -1.0)
+    pred20[0] += 2
+    pred20[1] -= 4
+    by_progress = metrics.mae_by_progress([20, 10], [pred20, np.arange(10, 0, -1.0)])
+    assert by_progress[0] == pytest.approx(1.5)
+
+
+def test_length_buckets_by_hand():
+    assert [metrics.length_bucket(n) for n in (1, 199, 200, 500, 501)] == ["short", "short", "medium", "medium", "long"]
+    lengths = [100, 300, 600, 700]
+    static = [110.0, 300.0, 500.0, 900.0]
+    buckets = metrics.mae_by_length_bucket(lengths, static)
+    assert buckets["short"] == {"n_requests": 1, "static_mae": 10.0, "dynamic_mae": None}
+    assert buckets["medium"]["static_mae"] == 0.0
+    assert buckets["long"]["n_requests"] == 2 and buckets["long"]["static_mae"] == pytest.approx(150.0)
+    empty = metrics.mae_by_length_bucket([5], [5.0], short_max=3, long_min=10)
+    assert empty["short"]["n_requests"] == 0 and empty["short"]["static_mae"] is None
+    assert empty["medium"]["static_mae"] == 0.0
+
+
+def test_countdown_by_hand():
+    assert metrics.countdown(3.5, 5).tolist() == [3.5, 2.5, 1.5, 1.0, 1.0]
+    # a countdown from the true length is exact
+    assert metrics.dynamic_mae([6], [metrics.countdown(6, 6)]) == 0
+    assert not math.isnan(metrics.dynamic_mae([6], [metrics.countdown(0, 6)]))
