@@ -23,7 +23,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 DEFAULT_RECIPE = os.path.join(REPO_ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
 AZURE_TRACE = os.path.join(REPO_ROOT, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
 CLUSTER = os.path.join(REPO_ROOT, "recipes", "cluster-h100-1p3d.yaml")
-FULL = {"prompts": 100, "max_new_tokens": 384, "epochs": 4, "sd_only": True}
+FULL = {"prompts": 80, "max_new_tokens": 320, "epochs": 3, "sd_only": True}
 QUICK = {"prompts": 20, "max_new_tokens": 48, "epochs": 1, "sd_only": False}
 
 
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     parser.add_argument("--baselines", default=None, help="comma list passed to `outlets eval --baselines`")
     parser.add_argument("--prompts-file", default=None,
                         help="JSONL of {id, prompt} to draw from instead of the built-in prompts")
-    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (default 100, quick 20)")
+    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (default 80, quick 20)")
     parser.set_defaults(func=run)
 
 
