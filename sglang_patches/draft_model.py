@@ -1,0 +1,166 @@
+"""The OUTLETS draft's length prediction over a prompt, in plain PyTorch, from an `outlets export`.
+
+The serve environment has SGLang but not SpecForge (their torch/transformers pins differ), so the
+draft's forward is written out here from the export's config and weights: fc over the three fused
+target features (optional fc_norm), one EAGLE-3 decoder layer (hidden_norm / input_layernorm, the
+concatenated [embedding, hidden] attention input, rotary attention with grouped KV heads, the
+OUTLETS sigmoid gate at the input of o_proj, MLP), the final norm, and the length head MLP. It
+mirrors ``specforge_outlets.model.inference.draft_states`` (SpecForge's
+``LlamaForCausalLMEagle3.backbone``) and is tested against it on the same export and features.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang_patches.settings import OutletsSettingsError
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope_theta(config: dict) -> float:
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise OutletsSettingsError(
+            f"OUTLETS predictor-only mode supports default rotary embeddings; the draft uses {kind!r}"
+        )
+    return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
+
+
+class OutletsLengthPredictor:
+    """Predicts the output length of a prompt from the target's fused features at prefill."""
+
+    def __init__(self, directory: str, embedding: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        from safetensors.torch import load_file
+
+        with open(os.path.join(directory, "config.json")) as handle:
+            self.config = config = json.load(handle)
+        self.outlets = config["outlets_config"]
+        self.fusion_layers = [int(k) for k in self.outlets["fusion_layers"]]
+        self.head_input = self.outlets["head_input"]
+        self.gated = bool(self.outlets.get("gated_attention", False))
+        edges = self.outlets.get("bucket_edges")
+        self.bucket_log_centers: Optional[torch.Tensor] = None
+        if edges:
+            bounds = [1, *[int(e) for e in edges], 2 * int(edges[-1])]
+            centers = [math.sqrt(lo * hi) for lo, hi in zip(bounds, bounds[1:])]
+            self.bucket_log_centers = torch.tensor([math.log1p(c) for c in centers], dtype=torch.float32)
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
+        self.head_dim = int(config.get("head_dim") or self.hidden // self.heads)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.norm_output = bool(config.get("norm_output", True))
+        self.theta = _rope_theta(config)
+        self.target_hidden = int(config.get("target_hidden_size") or self.hidden)
+        if config.get("hidden_act", "silu") != "silu":
+            raise OutletsSettingsError(f"OUTLETS predictor-only mode supports silu drafts, got {config['hidden_act']!r}")
+        weights = {}
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".safetensors"):
+                weights.update(load_file(os.path.join(directory, name)))
+        self.w: Dict[str, torch.Tensor] = {k: v.to(dtype) for k, v in weights.items() if v.is_floating_point()}
+        required = ["fc.weight", "norm.weight", "length_head.mlp.0.weight", "midlayer.self_attn.q_proj.weight",
+                    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"]
+        if self.gated:
+            required.append("midlayer.self_attn.gate_proj.weight")
+        missing = [key for key in required if key not in self.w]
+        if missing:
+            raise OutletsSettingsError(f"--outlets-draft-path {directory}: weights lack {missing}")
+        if embedding.shape[-1] != self.hidden:
+            raise OutletsSettingsError(
+                f"--outlets-draft-path {directory}: draft hidden size {self.hidden} != target embedding width "
+                f"{embedding.shape[-1]}"
+            )
+        self.embedding = embedding.to(dtype)
+        self.dtype = dtype
+        self.head_layers = sorted({int(k.split(".")[2]) for k in self.w if k.startswith("length_head.mlp.")})
+
+    # -- the forward ------------------------------------------------------------------------------------
+    def _linear(self, x, name, bias=False):
+        weight = self.w[f"{name}.weight"]
+        return F.linear(x, weight, self.w.get(f"{name}.bias") if bias else None)
+
+    @torch.no_grad()
+    def states(self, fused_features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """[T, 3H_target] features and [T] ids of token j+1 -> [T, H] states the length head reads."""
+        x = fused_features.to(self.dtype)
+        if "fc_norm.0.weight" in self.w:
+            chunks = x.chunk(3, dim=-1)
+            x = torch.cat([_rms_norm(c, self.w[f"fc_norm.{i}.weight"], self.eps) for i, c in enumerate(chunks)], -1)
+        fused = self._linear(x, "fc")  # [T, H]
+        if self.head_input == "fused":
+            return fused
+        T = fused.shape[0]
+        emb = F.embedding(next_ids.clamp_min(0), self.embedding)
+        p = "midlayer"
+        residual = fused
+        h = _rms_norm(fused, self.w[f"{p}.hidden_norm.weight"], self.eps)
+        e = _rms_norm(emb, self.w[f"{p}.input_layernorm.weight"], self.eps)
+        attn_in = torch.cat((e, h), dim=-1)  # [T, 2H]
+        q = self._linear(attn_in, f"{p}.self_attn.q_proj").view(T, self.heads, self.head_dim).transpose(0, 1)
+        k = self._linear(attn_in, f"{p}.self_attn.k_proj").view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = self._linear(attn_in, f"{p}.self_attn.v_proj").view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
+        freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+        emb_pos = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb_pos.cos().to(q.dtype), emb_pos.sin().to(q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        groups = self.heads // self.kv_heads
+        k = k.repeat_interleave(groups, dim=0)
+        v = v.repeat_interleave(groups, dim=0)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(self.head_dim)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = (probs @ v).transpose(0, 1).reshape(T, self.heads * self.head_dim)
+        if self.gated:
+            out = out * torch.sigmoid(self._linear(attn_in, f"{p}.self_attn.gate_proj", bias=True))
+        h = residual + self._linear(out, f"{p}.self_attn.o_proj")
+        residual = h
+        m = _rms_norm(h, self.w[f"{p}.post_attention_layernorm.weight"], self.eps)
+        m = self._linear(F.silu(self._linear(m, f"{p}.mlp.gate_proj")) * self._linear(m, f"{p}.mlp.up_proj"),
+                         f"{p}.mlp.down_proj")
+        return residual + m
+
+    @torch.no_grad()
+    def log_remaining(self, states: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T] z = log(1 + predicted remaining tokens)."""
+        x = _rms_norm(states, self.w["norm.weight"], self.eps) if self.norm_output else states
+        last = self.head_layers[-1]
+        for index in self.head_layers:
+            x = self._linear(x, f"length_head.mlp.{index}", bias=True)
+            if index != last:
+                x = F.relu(x)
+        if self.bucket_log_centers is None:
+            return x.squeeze(-1).float()
+        return torch.softmax(x.float(), dim=-1) @ self.bucket_log_centers
+
+    @torch.no_grad()
+    def predict_output_len(self, fused_features: torch.Tensor, prompt_ids, first_token: int) -> float:
+        """r̂_0: the prediction at the last prompt position, reading the first sampled token."""
+        ids = torch.as_tensor(list(prompt_ids)[1:] + [int(first_token)], dtype=torch.long)
+        z = self.log_remaining(self.states(fused_features, ids))[-1]
+        value = float(torch.expm1(z).clamp_min(0.0))
+        if not math.isfinite(value):
+            raise ValueError(f"prediction is not finite ({value})")
+        return value

@@ -1,0 +1,338 @@
+"""The hooks the plugin registers in SGLang's ``HookRegistry`` (SGLang 0.5.23).
+
+Every hook is a pass-through unless the plugin's policy or routing method was asked for, so a
+server started without the plugin's flags behaves exactly as stock. ``HOOK_TARGETS`` lists every
+target; ``applied_targets()`` tells which of them the registry actually patched (SGLang logs and
+swallows failures to apply a hook, so the tests assert on this list, and the scheduler logs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from sglang_patches import predictions as P
+from sglang_patches.settings import (
+    FLAGS,
+    META_INFO_KEY,
+    POLICY_NAME,
+    OutletsSettingsError,
+    read_settings,
+    validate_draft_dir,
+)
+
+logger = logging.getLogger("sglang_patches")
+
+_SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+_POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_DECODE_MIXIN = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin"
+_TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+_INQUIRER = "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer"
+_DPC = "sglang.srt.managers.data_parallel_controller"
+
+
+# --------------------------------------------------------------------------------------------
+# State of this process
+# --------------------------------------------------------------------------------------------
+
+_settings = None
+
+
+def settings():
+    global _settings
+    if _settings is None:
+        _settings = read_settings()
+    return _settings
+
+
+def schedule_policy_is_outlets() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        return get_schedule().schedule_policy == POLICY_NAME
+    except Exception:  # no runtime context in this process
+        return False
+
+
+def load_balance_is_outlets() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return str(get_parallel().load_balance_method).lower() == POLICY_NAME
+    except Exception:
+        return False
+
+
+def plugin_active() -> bool:
+    return schedule_policy_is_outlets() or load_balance_is_outlets() or settings().draft_path is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def add_cli_args_after(result, parser: argparse.ArgumentParser):
+    """Add ``outlets`` to the --schedule-policy and --load-balance-method choices, and our flags."""
+    for action in parser._actions:
+        if action.dest in ("schedule_policy", "load_balance_method") and action.choices is not None:
+            if POLICY_NAME not in action.choices:
+                action.choices = list(action.choices) + [POLICY_NAME]
+    existing = {option for action in parser._actions for option in action.option_strings}
+    for flag, dest, env, kind, help_text in FLAGS:
+        if flag not in existing:
+            parser.add_argument(flag, dest=dest, type=kind, default=None, help=help_text)
+    return result
+
+
+def from_cli_args_after(server_args, cls, args: argparse.Namespace):
+    """Carry our flags to the spawned processes (environment), and refuse bad settings now."""
+    for flag, dest, env, kind, help_text in FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            os.environ[env] = str(value)
+    global _settings
+    _settings = None
+    try:
+        current = settings()
+        if current.draft_path is not None:
+            check_predictor_only_args(current.draft_path, args)
+    except OutletsSettingsError as error:
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(2) from None
+    return server_args
+
+
+def check_predictor_only_args(draft_path: str, args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, a draft directory or flags predictor-only mode cannot use."""
+    import json
+
+    config = validate_draft_dir(draft_path)
+    if getattr(args, "speculative_algorithm", None):
+        raise OutletsSettingsError(
+            "--outlets-draft-path is predictor-only mode (speculative decoding off); it cannot be combined "
+            f"with --speculative-algorithm {args.speculative_algorithm}"
+        )
+    if not getattr(args, "disable_radix_cache", False):
+        raise OutletsSettingsError(
+            "--outlets-draft-path needs --disable-radix-cache: the draft reads the target's features at every "
+            "prompt position, and a prefix served from the radix cache is not recomputed"
+        )
+    target_config = os.path.join(str(getattr(args, "model_path", "")), "config.json")
+    if os.path.isfile(target_config):
+        with open(target_config) as handle:
+            target = json.load(handle)
+        target = target.get("text_config", target)
+        depth, width = target.get("num_hidden_layers"), target.get("hidden_size")
+        fusion = config["outlets_config"]["fusion_layers"]
+        if depth is not None and any(not 0 <= int(k) < int(depth) for k in fusion):
+            raise OutletsSettingsError(
+                f"--outlets-draft-path {draft_path}: fusion layers {fusion} do not fit the {depth}-layer target "
+                f"{args.model_path} (a draft trained for another target?)"
+            )
+        expected = config.get("target_hidden_size") or config.get("hidden_size")
+        if width is not None and expected is not None and int(expected) != int(width):
+            raise OutletsSettingsError(
+                f"--outlets-draft-path {draft_path}: the draft expects target hidden size {expected}, "
+                f"{args.model_path} has {width}"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler: predictions, waiting-queue order, retraction order, PD decode queue
+# --------------------------------------------------------------------------------------------
+
+_order_changes = 0
+
+
+def policy_init_around(original, self, policy, *args, **kwargs):
+    outlets = policy == POLICY_NAME
+    original(self, "fcfs" if outlets else policy, *args, **kwargs)
+    self.outlets_config = settings().scheduling if outlets else None
+    if outlets:
+        log_startup("schedule-policy")
+    return None
+
+
+def calc_priority_around(original, self, waiting_queue, *args, **kwargs):
+    result = original(self, waiting_queue, *args, **kwargs)
+    config = getattr(self, "outlets_config", None)
+    if config is not None and len(waiting_queue) > 1:
+        sort_waiting(waiting_queue, config)
+    return result
+
+
+def sort_waiting(waiting_queue, config) -> None:
+    global _order_changes
+    before = [id(req) for req in waiting_queue]
+    waiting_queue.sort(key=lambda req: P.sort_key(req, config))
+    if [id(req) for req in waiting_queue] != before:
+        _order_changes += 1
+        metrics().order_changes()
+
+
+def add_request_to_queue_before(self, req, *args, **kwargs):
+    if plugin_active():
+        P.stamp_arrival(req)
+        # Without an external prediction, predictor-only mode predicts at prefill; until then (and
+        # without a predictor) the key uses the prior.
+        P.assign_external_prediction(req, settings().scheduling)
+    return None
+
+
+def retraction_order_around(original, reqs):
+    if not schedule_policy_is_outlets():
+        return original(reqs)
+    config = settings().scheduling
+    # Most preferred to keep first; the loop retracts from the end: longest predicted remaining.
+    order = list(range(len(reqs)))
+    order.sort(key=lambda i: (P.remaining(reqs[i], config), -P.arrival_time(reqs[i])))
+    return order
+
+
+def prebuilt_batch_around(original, self, running_batch, *args, **kwargs):
+    if schedule_policy_is_outlets() and len(self.waiting_queue) > 1:
+        sort_waiting(self.waiting_queue, settings().scheduling)
+    return original(self, running_batch, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Responses: the prediction in meta_info; metrics when a request finishes
+# --------------------------------------------------------------------------------------------
+
+
+def update_meta_info_after(result, self, meta_info, state, customized_info, index, finish_reason):
+    values = meta_info.get(META_INFO_KEY)
+    if isinstance(values, list):
+        known = [value for value in values if value is not None]
+        if not known:  # a request without a prediction (the prior was used): no key, as stock
+            meta_info.pop(META_INFO_KEY, None)
+            return result
+        meta_info[META_INFO_KEY] = known[-1]
+        if finish_reason is not None:
+            completion = meta_info.get("completion_tokens")
+            if isinstance(completion, int):
+                metrics().prediction_error(abs(float(meta_info[META_INFO_KEY]) - completion))
+    return result
+
+
+class _Metrics:
+    """Prometheus metrics, created only when SGLang runs with --enable-metrics."""
+
+    def __init__(self) -> None:
+        self._ready = False
+        self._error = self._changes = None
+
+    def _init(self) -> None:
+        self._ready = True
+        try:
+            from sglang.srt.runtime_context import get_observability
+
+            if not get_observability().enable_metrics:
+                return
+            from prometheus_client import Counter, Histogram
+
+            self._error = Histogram(
+                "outlets_prediction_abs_error_tokens",
+                "Absolute error of the predicted output length when a request finishes (tokens)",
+                buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+            )
+            self._changes = Counter(
+                "outlets_queue_order_changes", "Scheduling rounds in which the outlets policy reordered the waiting queue"
+            )
+        except Exception as error:  # metrics are best effort, never fatal
+            logger.warning("OUTLETS metrics unavailable: %s", error)
+
+    def prediction_error(self, value: float) -> None:
+        if not self._ready:
+            self._init()
+        if self._error is not None:
+            self._error.observe(value)
+
+    def order_changes(self) -> None:
+        if not self._ready:
+            self._init()
+        if self._changes is not None:
+            self._changes.inc()
+
+
+_metrics = _Metrics()
+
+
+def metrics() -> _Metrics:
+    return _metrics
+
+
+# --------------------------------------------------------------------------------------------
+# Start-up log line
+# --------------------------------------------------------------------------------------------
+
+_logged = set()
+
+
+def log_startup(where: str) -> None:
+    if where in _logged:
+        return
+    _logged.add(where)
+    current = settings()
+    if current.draft_path:
+        mode = f"predictor-only (OUTLETS draft {current.draft_path})"
+    else:
+        mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
+    logger.info(
+        "OUTLETS %s: mode=%s, prior_output_len=%g, aging_tokens_per_s=%g, hooks applied: %d/%d",
+        where, mode, current.scheduling.prior_output_len, current.scheduling.aging_tokens_per_s,
+        len(applied_targets()), len(HOOK_TARGETS),
+    )
+    missing = sorted(set(HOOK_TARGETS) - set(applied_targets()))
+    if missing:
+        logger.warning("OUTLETS hooks NOT applied: %s", ", ".join(missing))
+
+
+# --------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------
+
+
+def _targets():
+    from sglang_patches import routing
+
+    return [
+        (f"{_SERVER_ARGS}.add_cli_args", add_cli_args_after, "AFTER"),
+        (f"{_SERVER_ARGS}.from_cli_args", from_cli_args_after, "AFTER"),
+        (f"{_POLICY}.__init__", policy_init_around, "AROUND"),
+        (f"{_POLICY}.calc_priority", calc_priority_around, "AROUND"),
+        (f"{_SCHEDULER}._add_request_to_queue", add_request_to_queue_before, "BEFORE"),
+        (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND"),
+        (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND"),
+        (f"{_TOKENIZER}.update_request_meta_info", update_meta_info_after, "AFTER"),
+        (f"{_INQUIRER}.get_loads", routing.get_loads_around, "AROUND"),
+        (f"{_SCHEDULER}.handle_generate_request", routing.handle_generate_request_before, "BEFORE"),
+        (f"{_DPC}.LoadBalanceMethod.from_str", routing.from_str_around, "AROUND"),
+        (f"{_DPC}.DataParallelController.__init__", routing.controller_init_after, "AFTER"),
+    ]
+
+
+HOOK_TARGETS = []
+
+
+def register_all() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_patches import predictor
+
+    targets = _targets() + predictor.hook_targets()
+    for target, fn, kind in targets:
+        if target not in HOOK_TARGETS:
+            HOOK_TARGETS.append(target)
+            HookRegistry.register(target, fn, getattr(HookType, kind))
+
+
+def applied_targets():
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return [target for target in HOOK_TARGETS if target in HookRegistry._patched]

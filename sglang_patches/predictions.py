@@ -1,0 +1,121 @@
+"""Per-request prediction state, kept on SGLang ``Req`` objects (plain attributes).
+
+Pure Python over duck-typed requests, so that it is unit-tested without SGLang. The ordering key
+and the remaining-length rule come from the shared scheduling core (``specforge_outlets.scheduling``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Optional
+
+from specforge_outlets.scheduling import SchedulingConfig, predicted_remaining, sjf_sort_key
+from sglang_patches.settings import CUSTOM_PARAM_KEY, META_INFO_KEY, parse_prediction
+
+logger = logging.getLogger("sglang_patches")
+
+ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
+ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallback)
+ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
+
+
+class FallbackCounter:
+    """Counts predictions that failed and fell back to the prior (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def record(self, rid, reason: str) -> int:
+        with self._lock:
+            self.count += 1
+            count = self.count
+        logger.warning("OUTLETS prediction failed for request %s (%s): using the prior; failures so far: %d",
+                       rid, reason, count)
+        return count
+
+
+FALLBACKS = FallbackCounter()
+
+
+def stamp_arrival(req) -> None:
+    if getattr(req, ATTR_ARRIVAL, None) is None:
+        setattr(req, ATTR_ARRIVAL, time.monotonic())
+
+
+def arrival_time(req) -> float:
+    value = getattr(req, ATTR_ARRIVAL, None)
+    return time.monotonic() if value is None else value
+
+
+def prediction(req) -> Optional[float]:
+    return getattr(req, ATTR_PREDICTION, None)
+
+
+def set_prediction(req, value: float, source: str) -> None:
+    setattr(req, ATTR_PREDICTION, float(value))
+    setattr(req, ATTR_SOURCE, source)
+    info = getattr(req, "customized_info", None)
+    if info is None:
+        info = {}
+        try:
+            req.customized_info = info
+        except AttributeError:
+            return
+    # One value per request, emitted with the request's output into meta_info.
+    info[META_INFO_KEY] = [round(float(value), 3)]
+
+
+def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
+    FALLBACKS.record(getattr(req, "rid", "?"), reason)
+    set_prediction(req, config.prior_output_len, "prior")
+
+
+def custom_params_of(req) -> Optional[dict]:
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return params if isinstance(params, dict) else None
+
+
+def external_prediction(sampling_params) -> Optional[float]:
+    """The externally supplied prediction of a request's sampling params; None if absent.
+
+    Raises ValueError if present but unusable."""
+    params = getattr(sampling_params, "custom_params", None)
+    if not isinstance(params, dict) or CUSTOM_PARAM_KEY not in params:
+        return None
+    return parse_prediction(params[CUSTOM_PARAM_KEY])
+
+
+def assign_external_prediction(req, config: SchedulingConfig) -> bool:
+    """Take a request's externally supplied prediction, if any. True if one was present."""
+    if prediction(req) is not None:
+        return True
+    try:
+        value = external_prediction(getattr(req, "sampling_params", None))
+    except (TypeError, ValueError) as error:
+        fall_back_to_prior(req, config, f"bad {CUSTOM_PARAM_KEY}: {error}")
+        return True
+    if value is None:
+        return False
+    set_prediction(req, value, "external")
+    return True
+
+
+def num_generated(req) -> int:
+    output_ids = getattr(req, "output_ids", None)
+    return len(output_ids) if output_ids is not None else 0
+
+
+def remaining(req, config: SchedulingConfig) -> float:
+    return predicted_remaining(prediction(req), num_generated(req), config.prior_output_len)
+
+
+def sort_key(req, config: SchedulingConfig):
+    return sjf_sort_key(prediction(req), num_generated(req), arrival_time(req), config)
+
+
+def usable(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0

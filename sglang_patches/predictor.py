@@ -1,0 +1,202 @@
+"""Predictor-only mode (``--outlets-draft-path DIR``, speculative decoding off).
+
+At model load the target is told to capture its three fusion depths (SGLang's own EAGLE-3 capture
+in ``LlamaModel.forward``, switched on by the plugin for prefill/extend passes only and taken out of
+the model's return value, so the logits path is untouched). After each extend pass the worker
+hook slices the captured ``[tokens, 3H]`` features per request, accumulates them over chunked
+prefill, and once a request's whole prompt has been prefilled and its first token sampled, runs
+the OUTLETS draft backbone and length head over the prompt (position j reads the fused features
+at j and the embedding of token j+1; the last prompt position reads the first sampled token) and
+sets r̂_0 on the request. Any failure falls back to the prior (counted, logged); the request is
+served either way.
+
+Supported targets: models whose SGLang implementation runs ``sglang.srt.models.llama.LlamaModel``
+(the Llama family, e.g. SmolLM2, Llama 3.x). Prefix caching must be off (``--disable-radix-cache``):
+a cached prefix is not recomputed, so its features would be missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import List, Optional
+
+from sglang_patches import predictions as P
+from sglang_patches.settings import OutletsSettingsError
+
+logger = logging.getLogger("sglang_patches")
+
+_LLAMA_MODEL = "sglang.srt.models.llama.LlamaModel"
+_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
+_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+
+ATTR_FEATURES = "outlets_prompt_features"
+
+_state = threading.local()
+_predictor = None  # OutletsLengthPredictor of this scheduler process
+# Tests only: OUTLETS_TEST_FAIL_PREDICTION=<substring> makes the prediction raise for requests
+# whose rid contains it (or for all with "*"), to exercise the fallback on a real server.
+_FAIL_ENV = "OUTLETS_TEST_FAIL_PREDICTION"
+
+
+def predictor():
+    return _predictor
+
+
+def hook_targets():
+    return [
+        (f"{_RUNNER}.load_model", load_model_after, "AFTER"),
+        (f"{_LLAMA_MODEL}.forward", llama_model_forward_around, "AROUND"),
+        (f"{_WORKER}.forward_batch_generation", forward_batch_generation_around, "AROUND"),
+    ]
+
+
+# -- model load ----------------------------------------------------------------------------------------
+
+
+def load_model_after(result, self, *args, **kwargs):
+    from sglang_patches import hooks
+
+    draft_path = hooks.settings().draft_path
+    if draft_path is None or getattr(self, "is_draft_worker", False):
+        return result
+    global _predictor
+    from sglang.srt.models.llama import LlamaModel
+
+    from sglang_patches.draft_model import OutletsLengthPredictor
+
+    inner = getattr(self.model, "model", None)
+    if not isinstance(inner, LlamaModel):
+        raise OutletsSettingsError(
+            f"--outlets-draft-path: predictor-only mode needs a Llama-family target (SGLang LlamaModel); "
+            f"{type(self.model).__name__} is not one"
+        )
+    if inner.layers_to_capture:
+        raise OutletsSettingsError(
+            "--outlets-draft-path is predictor-only mode (speculative decoding off); with EAGLE-3 "
+            "speculative decoding the OUTLETS draft is the speculative draft instead"
+        )
+    from sglang.srt.runtime_context import get_memory
+
+    try:
+        radix_disabled = bool(get_memory().disable_radix_cache)
+    except Exception:
+        radix_disabled = bool(getattr(self.server_args, "disable_radix_cache", False))
+    if not radix_disabled:
+        raise OutletsSettingsError(
+            "--outlets-draft-path needs --disable-radix-cache: the draft reads the target's features at "
+            "every prompt position, and a prefix served from the radix cache is not recomputed"
+        )
+    embedding = inner.embed_tokens.weight.detach()
+    predictor_ = OutletsLengthPredictor(draft_path, embedding[: inner.config.vocab_size])
+    depth = int(inner.config.num_hidden_layers)
+    bad = [k for k in predictor_.fusion_layers if not 0 <= k < depth]
+    if bad:
+        raise OutletsSettingsError(
+            f"--outlets-draft-path {draft_path}: fusion layers {bad} are outside this {depth}-layer target "
+            "(a draft trained for another target?)"
+        )
+    if predictor_.target_hidden != int(inner.config.hidden_size):
+        raise OutletsSettingsError(
+            f"--outlets-draft-path {draft_path}: draft expects target hidden size {predictor_.target_hidden}, "
+            f"the target has {inner.config.hidden_size}"
+        )
+    inner.outlets_capture_layers = list(predictor_.fusion_layers)
+    _predictor = predictor_
+    hooks.log_startup("predictor")
+    return result
+
+
+# -- capture -------------------------------------------------------------------------------------------
+
+
+def llama_model_forward_around(original, self, input_ids, positions, forward_batch, *args, **kwargs):
+    layers = getattr(self, "outlets_capture_layers", None)
+    if not layers or self.layers_to_capture or not forward_batch.forward_mode.is_extend():
+        return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+    self.layers_to_capture = layers
+    try:
+        output = original(self, input_ids, positions, forward_batch, *args, **kwargs)
+    finally:
+        self.layers_to_capture = []
+    if isinstance(output, tuple) and len(output) == 2:
+        hidden, aux = output
+        try:
+            import torch
+
+            _state.capture = torch.cat([tensor.float() for tensor in aux], dim=-1).cpu()
+        except Exception as error:
+            logger.warning("OUTLETS feature capture failed: %s", error)
+            _state.capture = None
+        return hidden
+    return output
+
+
+# -- prediction after the extend pass --------------------------------------------------------------------
+
+
+def forward_batch_generation_around(original, self, batch, *args, **kwargs):
+    if _predictor is None or batch is None:
+        return original(self, batch, *args, **kwargs)
+    _state.capture = None
+    result = original(self, batch, *args, **kwargs)
+    capture, _state.capture = getattr(_state, "capture", None), None
+    try:
+        if batch.forward_mode.is_extend():
+            predict_batch(batch, capture, getattr(result, "next_token_ids", None))
+    except Exception as error:  # never let the predictor break the batch
+        from sglang_patches import hooks
+
+        config = hooks.settings().scheduling
+        for req in getattr(batch, "reqs", []) or []:
+            if P.prediction(req) is None and not getattr(req, "output_ids", None):
+                P.fall_back_to_prior(req, config, f"predictor error: {error!r}")
+    return result
+
+
+def predict_batch(batch, capture, next_token_ids) -> None:
+    import os
+
+    from sglang_patches import hooks
+
+    config = hooks.settings().scheduling
+    fail = os.environ.get(_FAIL_ENV)
+    extend_lens: List[int] = list(batch.extend_lens)
+    prefix_lens: List[int] = list(batch.prefix_lens)
+    next_ids = next_token_ids.tolist() if next_token_ids is not None else None
+    offset = 0
+    for index, req in enumerate(batch.reqs):
+        length = int(extend_lens[index])
+        start, offset = offset, offset + length
+        if P.prediction(req) is not None or getattr(req, "output_ids", None):
+            continue  # predicted already, or a decode step in a mixed batch
+        features: Optional[list] = getattr(req, ATTR_FEATURES, None)
+        if features is None:
+            features = []
+            setattr(req, ATTR_FEATURES, features)
+        if capture is None or capture.shape[0] < offset:
+            setattr(req, ATTR_FEATURES, None)
+            P.fall_back_to_prior(req, config, "no features captured for the prompt")
+            continue
+        if prefix_lens[index] != sum(chunk.shape[0] for chunk in features):
+            setattr(req, ATTR_FEATURES, None)
+            P.fall_back_to_prior(req, config, f"prompt prefix of {prefix_lens[index]} tokens was not computed")
+            continue
+        features.append(capture[start:offset])
+        prompt = list(req.origin_input_ids)
+        if prefix_lens[index] + length < len(prompt):
+            continue  # chunked prefill: more chunks to come
+        setattr(req, ATTR_FEATURES, None)
+        try:
+            if fail and (fail == "*" or fail in str(req.rid)):
+                raise RuntimeError("injected failure (OUTLETS_TEST_FAIL_PREDICTION)")
+            if next_ids is None:
+                raise RuntimeError("first token not sampled in this pass (delayed sampling)")
+            import torch
+
+            fused = torch.cat(features, dim=0)
+            value = _predictor.predict_output_len(fused, prompt, next_ids[index])
+        except Exception as error:
+            P.fall_back_to_prior(req, config, repr(error))
+            continue
+        P.set_prediction(req, value, "draft")

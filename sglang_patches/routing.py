@@ -1,0 +1,214 @@
+"""``--load-balance-method outlets``: route each new request to the data-parallel rank with the least
+predicted outstanding work, through SGLang's own load-snapshot path.
+
+- Scheduler side: ``SchedulerLoadInquirer.get_loads`` returns an ``OutletsLoadSnapshot`` (SGLang's
+  ``LoadSnapshot`` plus the rank's predicted work and request count as the plugin sees them).
+  msgspec structs decode unknown fields away, so stock readers (``/v1/loads``) are unaffected.
+- Controller side: ``load_snapshot.snapshot_decoder`` decodes the subclass; the controller keeps a
+  ``RankLoad`` per rank, refreshed from snapshots (at most every 20 ms, as SGLang does) and
+  incremented for each request it dispatches until the next snapshot, and picks the rank with
+  ``least_predicted_work_rank`` from the shared scheduling core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+
+from specforge_outlets.scheduling import RankLoad, least_predicted_work_rank, predicted_remaining
+from sglang_patches import predictions as P
+from sglang_patches.settings import POLICY_NAME
+
+logger = logging.getLogger("sglang_patches")
+
+_snapshot_class = None
+
+
+def snapshot_class():
+    """``LoadSnapshot`` with two more fields (defined lazily: needs SGLang)."""
+    global _snapshot_class
+    if _snapshot_class is None:
+        from sglang.srt.managers.load_snapshot import LoadSnapshot
+
+        class OutletsLoadSnapshot(LoadSnapshot, omit_defaults=True):
+            outlets_predicted_work: float = 0.0
+            outlets_num_requests: int = 0
+            # generate requests this rank's scheduler has received since it started
+            outlets_received_requests: int = 0
+
+        _snapshot_class = OutletsLoadSnapshot
+    return _snapshot_class
+
+
+def install_snapshot_decoder() -> None:
+    """Make the load-snapshot readers of this process decode the extra fields."""
+    import msgspec.msgpack
+    from sglang.srt.managers import load_snapshot
+
+    if getattr(load_snapshot.snapshot_decoder, "type", None) is not snapshot_class():
+        load_snapshot.snapshot_decoder = msgspec.msgpack.Decoder(snapshot_class())
+    if POLICY_NAME not in load_snapshot._LOAD_AWARE_METHODS:
+        load_snapshot._LOAD_AWARE_METHODS = frozenset(load_snapshot._LOAD_AWARE_METHODS | {POLICY_NAME})
+
+
+def rank_requests(inquirer):
+    """The scheduler's running and waiting requests (PD queues included)."""
+    queues = [list(inquirer.get_running_batch().reqs), list(inquirer.get_waiting_queue())]
+    for getter in ("get_disagg_prefill_bootstrap_queue", "get_disagg_decode_prealloc_queue",
+                   "get_disagg_decode_transfer_queue"):
+        try:
+            queue = getattr(inquirer, getter)()
+            items = getattr(queue, "queue", None)
+            if items:
+                queues.append([getattr(item, "req", item) for item in items])
+        except Exception:
+            continue
+    chunked = inquirer.get_chunked_req()
+    seen, requests = set(), []
+    for queue in queues + ([[chunked]] if chunked is not None else []):
+        for req in queue:
+            if id(req) not in seen and req is not None:
+                seen.add(id(req))
+                requests.append(req)
+    return requests
+
+
+def get_loads_around(original, self):
+    snapshot = original(self)
+    from sglang_patches import hooks
+
+    if not hooks.load_balance_is_outlets():
+        return snapshot
+    try:
+        config = hooks.settings().scheduling
+        requests = rank_requests(self)
+        work = sum(P.remaining(req, config) for req in requests)
+        import msgspec.structs
+
+        fields = msgspec.structs.asdict(snapshot)
+        return snapshot_class()(**fields, outlets_predicted_work=float(work), outlets_num_requests=len(requests),
+                                outlets_received_requests=_received_requests)
+    except Exception as error:  # never break SGLang's own load reporting
+        logger.warning("OUTLETS load snapshot failed: %s", error)
+        return snapshot
+
+
+_received_requests = 0  # per scheduler process (= per data-parallel rank)
+
+
+def handle_generate_request_before(self, recv_req, *args, **kwargs):
+    """Count the generate requests this rank received, health checks excepted (load snapshots)."""
+    global _received_requests
+    rid = str(getattr(recv_req, "rid", "") or "")
+    if not rid.startswith("HEALTH_CHECK"):
+        _received_requests += 1
+    return None
+
+
+def from_str_around(original, cls, method):
+    if isinstance(method, str) and method.lower() == POLICY_NAME:
+        # Load-aware plumbing of TOTAL_REQUESTS (snapshot refresh on dispatch); the controller's
+        # dispatch function is replaced in controller_init_after.
+        return cls.TOTAL_REQUESTS
+    return original(cls, method)
+
+
+class OutletsBudget:
+    """Per-rank predicted work: the rank's latest snapshot plus what was dispatched that it has not seen.
+
+    Each snapshot says how many generate requests its scheduler has received; requests the
+    controller dispatched beyond that count are still in flight and are added on top, so a fresh
+    snapshot taken before a burst reached the rank does not make the burst's requests vanish
+    (SGLang's own budget resets to the snapshot). An in-flight entry older than ``pending_ttl_s``
+    is dropped (a request the scheduler never counted, e.g. rejected on arrival).
+    """
+
+    def __init__(self, num_ranks: int, prior_output_len: float, pending_ttl_s: float = 5.0) -> None:
+        self.prior = prior_output_len
+        self.pending_ttl_s = pending_ttl_s
+        self.base = [RankLoad(0, 0.0) for _ in range(num_ranks)]
+        self.last_timestamp = [0.0] * num_ranks
+        self.sent = [0] * num_ranks
+        self.seen = [0] * num_ranks
+        self.pending = [deque() for _ in range(num_ranks)]  # (sequence number, work, time)
+
+    @property
+    def loads(self):
+        now = time.monotonic()
+        loads = []
+        for rank, base in enumerate(self.base):
+            queue = self.pending[rank]
+            while queue and (queue[0][0] <= self.seen[rank] or now - queue[0][2] > self.pending_ttl_s):
+                queue.popleft()
+            loads.append(RankLoad(base.num_requests + len(queue), base.predicted_work + sum(e[1] for e in queue)))
+        return loads
+
+    def update(self, snapshots) -> None:
+        for snapshot in snapshots:
+            rank = snapshot.dp_rank
+            if rank >= len(self.base) or snapshot.timestamp == self.last_timestamp[rank]:
+                continue
+            self.last_timestamp[rank] = snapshot.timestamp
+            work = getattr(snapshot, "outlets_predicted_work", None)
+            count = getattr(snapshot, "outlets_num_requests", None)
+            if work is None:  # a stock snapshot: count its requests with the prior
+                count = snapshot.num_running_reqs + snapshot.num_waiting_reqs
+                work = count * self.prior
+            self.base[rank] = RankLoad(int(count), float(work))
+            received = getattr(snapshot, "outlets_received_requests", None)
+            # without the counter, everything dispatched so far counts as seen (SGLang's behaviour)
+            self.seen[rank] = self.sent[rank] if received is None else int(received)
+
+    def choose(self, predicted_output_len, active=None) -> int:
+        loads = self.loads
+        ranks = list(range(len(loads))) if active is None else list(active)
+        best = ranks[least_predicted_work_rank([loads[rank] for rank in ranks])]
+        self.sent[best] += 1
+        self.pending[best].append(
+            (self.sent[best], predicted_remaining(predicted_output_len, 0, self.prior), time.monotonic()))
+        return best
+
+
+def controller_init_after(result, self, *args, **kwargs):
+    from sglang_patches import hooks
+
+    if not hooks.load_balance_is_outlets():
+        return result
+    install_snapshot_decoder()
+    config = hooks.settings().scheduling
+    self.outlets_budget = OutletsBudget(len(self.workers) if getattr(self, "workers", None) else
+                                        self.dp_budget.num_dp_ranks, config.prior_output_len)
+    self._last_refresh_time = getattr(self, "_last_refresh_time", 0.0)
+
+    def refresh_load_budget():
+        now = time.perf_counter()
+        if now - self._last_refresh_time < 0.02:
+            return
+        self._last_refresh_time = now
+        snapshots = self.load_snapshot_reader.read_all()
+        self.dp_budget.update_budget(snapshots)
+        self.outlets_budget.update(snapshots)
+
+    def outlets_scheduler(req):
+        if self.maybe_external_dp_rank_routing(req):
+            return
+        from sglang.srt.managers.data_parallel_controller import sock_send
+
+        try:
+            predicted = P.external_prediction(getattr(req, "sampling_params", None))
+        except (TypeError, ValueError):
+            predicted = None  # the scheduler records the fallback
+        active = getattr(self, "_active_workers", None)
+        rank = self.outlets_budget.choose(predicted, active=active if active else None)
+        logger.debug("OUTLETS route %s -> rank %d (predicted %s)", getattr(req, "rid", "?"), rank, predicted)
+        if os.environ.get("OUTLETS_DEBUG_ROUTING"):
+            logger.warning("OUTLETS route -> %d loads=%s seen=%s sent=%s", rank, self.outlets_budget.loads, self.outlets_budget.seen, self.outlets_budget.sent)
+        sock_send(self.workers[rank], req)
+
+    self.refresh_load_budget = refresh_load_budget
+    self.dispatching = outlets_scheduler
+    self.refresh_load_budget_on_dispatch = True
+    hooks.log_startup("load-balance-method")
+    return result

@@ -1,0 +1,106 @@
+"""Settings of the OUTLETS SGLang plugin: CLI flags, the environment variables that carry them to
+SGLang's spawned processes, and their validation. Imports nothing from SGLang or torch.
+
+SGLang spawns its scheduler, data-parallel-controller and detokenizer processes after parsing the
+command line; the spawned processes inherit ``os.environ`` but re-create everything else, so the
+plugin's flags are copied into ``OUTLETS_*`` environment variables once parsed. The variables can
+also be set directly (for ``sglang.Engine(...)`` users, who have no command line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from specforge_outlets.scheduling import DEFAULT_AGING_TOKENS_PER_S, DEFAULT_PRIOR_OUTPUT_LEN, SchedulingConfig
+
+POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
+
+ENV_PRIOR = "OUTLETS_PRIOR_OUTPUT_LEN"
+ENV_AGING = "OUTLETS_AGING_TOKENS_PER_S"
+ENV_DRAFT = "OUTLETS_DRAFT_PATH"
+
+# Key of an externally supplied prediction in a request's ``sampling_params.custom_params``.
+CUSTOM_PARAM_KEY = "outlets_predicted_output_len"
+# Key of the prediction in each response's ``meta_info``.
+META_INFO_KEY = "predicted_output_len"
+
+# (flag, dest, env, type, help)
+FLAGS = (
+    ("--outlets-draft-path", "outlets_draft_path", ENV_DRAFT, str,
+     "OUTLETS: an `outlets export` directory. Predictor-only mode: the draft's length head predicts each "
+     "request's output length at prefill (speculative decoding off). Env: " + ENV_DRAFT),
+    ("--outlets-prior-output-len", "outlets_prior_output_len", ENV_PRIOR, float,
+     f"OUTLETS: output length assumed for a request without a prediction (default {DEFAULT_PRIOR_OUTPUT_LEN:g}). "
+     "Env: " + ENV_PRIOR),
+    ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
+     f"OUTLETS: tokens of predicted remaining length one second of waiting is worth (default "
+     f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound). Env: " + ENV_AGING),
+)
+
+
+class OutletsSettingsError(ValueError):
+    """A plugin setting is invalid; the server refuses to start."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    scheduling: SchedulingConfig
+    draft_path: Optional[str]
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise OutletsSettingsError(f"{name}={raw!r} is not a number") from None
+
+
+def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
+    prior = _float_env(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN)
+    aging = _float_env(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S)
+    try:
+        config = SchedulingConfig(prior_output_len=prior, aging_tokens_per_s=aging)
+    except ValueError as error:
+        raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
+    draft = env.get(ENV_DRAFT) or None
+    return PluginSettings(scheduling=config, draft_path=draft)
+
+
+def validate_draft_dir(path: str) -> dict:
+    """The export's config.json, or a clear refusal for a missing or incompatible directory."""
+    if not os.path.isdir(path):
+        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no such directory")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no config.json (expected an `outlets export` directory)")
+    with open(config_path) as handle:
+        config = json.load(handle)
+    if "OutletsLlamaForCausalLMEagle3" not in (config.get("architectures") or []):
+        raise OutletsSettingsError(
+            f"--outlets-draft-path {path!r}: architectures={config.get('architectures')} is not an OUTLETS draft "
+            "(expected OutletsLlamaForCausalLMEagle3; a plain EAGLE-3 draft has no length head)"
+        )
+    outlets = config.get("outlets_config") or {}
+    missing = [key for key in ("fusion_layers", "head_input") if key not in outlets]
+    if missing:
+        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: outlets_config lacks {missing}")
+    if not any(name.endswith(".safetensors") for name in os.listdir(path)):
+        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no .safetensors weights")
+    return config
+
+
+def parse_prediction(value) -> float:
+    """A predicted output length from a request parameter; ValueError if it is not a usable number."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a number: {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"not a finite non-negative number: {value!r}")
+    return number

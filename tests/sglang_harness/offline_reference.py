@@ -1,0 +1,94 @@
+"""Run in the TRAINING environment (.venv, which has SpecForge): make an OUTLETS export for a target
+and compute the offline r̂_0 the exported draft predicts for given prompts.
+
+    python -m tests.sglang_harness.offline_reference export TARGET OUT_DIR
+    python -m tests.sglang_harness.offline_reference predict EXPORT TARGET CASES.json  -> JSON on stdout
+
+The export goes through `outlets export` (``export_draft``) from a training state of a randomly
+initialised OUTLETS draft (seeded): the serving tests need a real export, not a trained one. The
+offline prediction is ``specforge_outlets.model.inference.predict_log_remaining`` on features
+captured from the Hugging Face target: the input is the prompt followed by the first sampled
+token, and r̂_0 is read at the last prompt position (z = log(1 + r), tokens = expm1(z)).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def make_export(target: str, out: str) -> str:
+    import torch
+    from transformers import AutoConfig, LlamaConfig
+
+    from specforge_outlets.model.draft import DRAFT_ARCHITECTURE, OutletsLlamaForCausalLMEagle3
+    from specforge_outlets.model.fusion import default_fusion_layers, to_specforge_layer_ids
+    from specforge_outlets.training.algorithm import ALGORITHM_NAME
+    from specforge_outlets.training.export_command import export_draft
+
+    target_config = AutoConfig.from_pretrained(target)
+    hidden = target_config.hidden_size
+    fusion = list(default_fusion_layers(target_config.num_hidden_layers))
+    draft = LlamaConfig(
+        vocab_size=target_config.vocab_size, hidden_size=hidden, intermediate_size=target_config.intermediate_size,
+        num_attention_heads=target_config.num_attention_heads, num_key_value_heads=target_config.num_key_value_heads,
+        max_position_embeddings=target_config.max_position_embeddings, rms_norm_eps=target_config.rms_norm_eps,
+        hidden_act="silu", pad_token_id=0, tie_word_embeddings=False, num_hidden_layers=1,
+        draft_vocab_size=target_config.vocab_size,
+    )
+    draft.architectures = [DRAFT_ARCHITECTURE]
+    draft.outlets_config = {"fusion_layers": fusion, "gated_attention": True, "head_input": "draft",
+                            "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}
+    draft.eagle_config = {"eagle_aux_hidden_state_layer_ids": to_specforge_layer_ids(fusion)}
+    torch.manual_seed(1234)
+    model = OutletsLlamaForCausalLMEagle3(draft).float()
+    with torch.no_grad():  # a head whose output varies visibly with the input
+        for module in model.length_head.mlp:
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, 0.5)
+                module.bias.fill_(0.3)
+    run = os.path.join(out + ".run")
+    step = os.path.join(run, "step1")
+    os.makedirs(step, exist_ok=True)
+    draft.to_json_file(os.path.join(run, "draft_config.json"))
+    torch.save({"strategy": ALGORITHM_NAME, "draft_state_dict": model.state_dict(), "global_step": 1, "epoch": 0},
+               os.path.join(step, "training_state.pt"))
+    return export_draft(os.path.join(step, "training_state.pt"), out, os.path.join(run, "draft_config.json"))
+
+
+def predict(export: str, target: str, cases: list) -> list:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
+    from specforge_outlets.model.inference import predict_log_remaining
+    from specforge_outlets.model.length_head import log_remaining_to_tokens
+
+    draft = OutletsLlamaForCausalLMEagle3.from_export(export, target_model_path=target)
+    fusion = draft.outlets.fusion_layers
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    results = []
+    for case in cases:
+        prompt, first = list(case["prompt_ids"]), int(case["first_token"])
+        ids = torch.tensor([prompt + [first]])
+        with torch.no_grad():
+            hidden = model(ids[:, :-1], output_hidden_states=True).hidden_states
+        aux = torch.cat([hidden[k] for k in fusion], dim=-1)  # [1, n, 3H]
+        # input_ids for the reference: position j reads token j + 1, so pass prompt + first token
+        # and the features of the prompt positions (the last id only feeds position n - 1).
+        z = predict_log_remaining(draft, ids, torch.cat([aux, aux[:, -1:]], dim=1))[0, len(prompt) - 1]
+        results.append(float(log_remaining_to_tokens(z)))
+    return results
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "export":
+        print(make_export(sys.argv[2], sys.argv[3]))
+    elif command == "predict":
+        with open(sys.argv[4]) as handle:
+            cases = json.load(handle)
+        print(json.dumps(predict(sys.argv[2], sys.argv[3], cases)))
+    else:
+        raise SystemExit(f"unknown command {command}")

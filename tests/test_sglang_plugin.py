@@ -1,0 +1,333 @@
+"""Unit tests of the OUTLETS SGLang plugin's hooks, in-process, without a server (serve environment).
+
+SGLang logs and swallows exceptions raised while plugins load or hooks apply, so these tests
+assert that every hook target is actually patched, then exercise each hook on SGLang's own
+classes or on stand-in requests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
+
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
+if STUBS not in sys.path:
+    sys.path.insert(0, STUBS)
+
+from specforge_outlets.scheduling import SchedulingConfig, aging_window_s  # noqa: E402
+from sglang_patches import hooks, predictions as P, routing  # noqa: E402
+from sglang_patches.settings import (  # noqa: E402
+    ENV_AGING, ENV_DRAFT, ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def plugins_loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    return hooks.applied_targets()
+
+
+@pytest.fixture(autouse=True)
+def keep_logging():
+    """``prepare_server_args`` reconfigures the root logger (basicConfig(force=True)); undo it."""
+    import logging
+
+    handlers, level = list(logging.root.handlers), logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hooks, "_settings", None)
+    yield
+    hooks._settings = None
+
+
+def request(rid, predicted=None, arrival=0.0, generated=0, custom=None):
+    req = SimpleNamespace(rid=rid, output_ids=[0] * generated, customized_info=None,
+                          sampling_params=SimpleNamespace(custom_params=custom))
+    req.outlets_arrival_time = arrival
+    if predicted is not None:
+        P.set_prediction(req, predicted, "external")
+    return req
+
+
+# --- discovery and hook application --------------------------------------------------------------
+
+
+def test_entry_point_is_registered():
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert found.get("outlets") == "sglang_patches:load"
+
+
+def test_every_hook_is_applied(plugins_loaded):
+    assert len(hooks.HOOK_TARGETS) >= 11
+    assert sorted(plugins_loaded) == sorted(hooks.HOOK_TARGETS)
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    assert SchedulePolicy.calc_priority.__wrapped__ is not None
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def test_cli_accepts_outlets_and_carries_settings_to_spawned_processes(plugins_loaded, tmp_path, monkeypatch):
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets",
+                                "--load-balance-method", "outlets", "--outlets-prior-output-len", "100",
+                                "--outlets-aging-tokens-per-s", "2.5"])
+    assert args.schedule_policy == "outlets" and args.load_balance_method == "outlets"
+    assert os.environ[ENV_PRIOR] == "100.0" and os.environ[ENV_AGING] == "2.5"
+    assert read_settings().scheduling == SchedulingConfig(prior_output_len=100.0, aging_tokens_per_s=2.5)
+
+
+def test_cli_still_rejects_unknown_policies(plugins_loaded, tmp_path, capsys):
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "sjf"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_or_wrong_draft_directory_refuses_to_start(plugins_loaded, tmp_path, capsys):
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--outlets-draft-path", str(tmp_path / "nope")])
+    assert "no such directory" in capsys.readouterr().err
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
+    with pytest.raises(OutletsSettingsError, match="not an OUTLETS draft"):
+        validate_draft_dir(str(tmp_path / "plain"))
+
+
+def test_bad_settings_are_refused(monkeypatch):
+    monkeypatch.setenv(ENV_PRIOR, "-1")
+    with pytest.raises(OutletsSettingsError, match="prior_output_len"):
+        read_settings()
+    monkeypatch.setenv(ENV_PRIOR, "abc")
+    with pytest.raises(OutletsSettingsError, match="not a number"):
+        read_settings()
+
+
+# --- the waiting queue -------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_runtime_context(monkeypatch):
+    """The scheduler's runtime context (published by a running server) as a stock CPU server has it."""
+    from sglang.srt.managers import schedule_policy
+
+    monkeypatch.setattr(schedule_policy, "get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))
+    monkeypatch.setattr(schedule_policy, "get_memory", lambda: SimpleNamespace(radix_eviction_policy="lru"))
+
+
+def make_policy(name):
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    tree_cache = SimpleNamespace(disable=True, supports_fast_match_prefix=lambda: False,
+                                 supports_prefix_sharing=lambda: False)
+    return SchedulePolicy(name, tree_cache, False, False, False)
+
+
+def test_outlets_policy_sorts_by_predicted_remaining_with_ties_by_arrival(plugins_loaded):
+    policy = make_policy("outlets")
+    assert policy.outlets_config == read_settings().scheduling
+    queue = [request("a", 300, arrival=1.0), request("b", 20, arrival=2.0), request("c", None, arrival=3.0),
+             request("d", 20, arrival=1.5), request("e", 500, arrival=0.0, generated=450)]
+    policy.calc_priority(queue)
+    # e: 50 left; d and b: 20 (d arrived first); c: the prior (256); a: 300
+    assert [r.rid for r in queue] == ["d", "b", "e", "c", "a"]
+
+
+def test_stock_policies_are_untouched(plugins_loaded):
+    policy = make_policy("fcfs")
+    assert policy.outlets_config is None
+    queue = [request("a", 300), request("b", 20)]
+    policy.calc_priority(queue)
+    assert [r.rid for r in queue] == ["a", "b"]
+
+
+def test_aging_bound_holds_in_the_plugins_order(plugins_loaded, monkeypatch):
+    """A request predicted to need R tokens is overtaken only by arrivals within (R - 1) / rate s."""
+    monkeypatch.setenv(ENV_AGING, "10")
+    hooks._settings = None
+    policy = make_policy("outlets")
+    config = policy.outlets_config
+    window = aging_window_s(1000.0, config)  # 99.9 s
+    for delay, overtaken in ((window - 0.5, True), (window + 0.5, False)):
+        queue = [request("long", 1000, arrival=0.0), request("short", 1, arrival=delay)]
+        policy.calc_priority(queue)
+        assert (queue[0].rid == "short") is overtaken, (delay, [r.rid for r in queue])
+
+
+def test_external_prediction_and_fallback_counter(plugins_loaded):
+    config = read_settings().scheduling
+    ok = request("ok", custom={"outlets_predicted_output_len": 12})
+    assert P.assign_external_prediction(ok, config) and P.prediction(ok) == 12.0
+    assert ok.customized_info == {"predicted_output_len": [12.0]}
+    before = P.FALLBACKS.count
+    for bad in ("x", float("nan"), -1, True):
+        req = request("bad", custom={"outlets_predicted_output_len": bad})
+        assert P.assign_external_prediction(req, config)
+        assert P.prediction(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
+    assert P.FALLBACKS.count == before + 4
+    none = request("none", custom={"other": 1})
+    assert not P.assign_external_prediction(none, config) and P.prediction(none) is None
+
+
+# --- retraction, meta_info, load snapshots, routing ----------------------------------------------------
+
+
+def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loaded, monkeypatch):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    reqs = [request("a", 100, generated=10), request("b", 30), request("c", 500, generated=100), request("d", None)]
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
+    order = ScheduleBatch._get_decode_retraction_order(reqs)
+    # most preferred to keep first; SGLang pops from the end: c (400 left) goes first, then d (256)
+    assert [reqs[i].rid for i in order] == ["b", "a", "d", "c"]
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    from sglang.srt.managers import schedule_batch
+
+    monkeypatch.setattr(schedule_batch, "get_schedule", lambda: SimpleNamespace(retraction_policy="length"))
+    for req in reqs:
+        req.origin_input_ids = [1, 2]
+    assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3]  # stock: longest output kept
+
+
+def test_meta_info_gets_one_scalar_prediction(plugins_loaded):
+    meta = {"completion_tokens": 10, "predicted_output_len": [12.0]}
+    hooks.update_meta_info_after(None, None, meta, None, {}, 0, {"type": "length"})
+    assert meta["predicted_output_len"] == 12.0
+
+
+def test_load_snapshot_round_trip_and_stock_readers(plugins_loaded):
+    import msgspec.msgpack
+    from sglang.srt.managers import load_snapshot
+
+    cls = routing.snapshot_class()
+    snapshot = cls(dp_rank=1, timestamp=5.0, num_running_reqs=2, outlets_predicted_work=640.0, outlets_num_requests=3)
+    data = load_snapshot.snapshot_encoder.encode(snapshot)
+    stock = msgspec.msgpack.Decoder(load_snapshot.LoadSnapshot).decode(data)  # /v1/loads readers
+    assert stock.num_running_reqs == 2 and not hasattr(stock, "outlets_predicted_work")
+    routing.install_snapshot_decoder()
+    decoded = load_snapshot.snapshot_decoder.decode(data)
+    assert decoded.outlets_predicted_work == 640.0 and decoded.outlets_num_requests == 3
+    assert "outlets" in load_snapshot._LOAD_AWARE_METHODS
+
+
+def test_budget_routes_to_least_predicted_work_counting_new_requests():
+    budget = routing.OutletsBudget(2, prior_output_len=256.0)
+
+    def snap(rank, work, n, ts, received=0):
+        return SimpleNamespace(dp_rank=rank, timestamp=ts, outlets_predicted_work=work, outlets_num_requests=n,
+                               outlets_received_requests=received, num_running_reqs=n, num_waiting_reqs=0)
+
+    budget.update([snap(0, 1000.0, 1, 1.0), snap(1, 0.0, 0, 1.0)])
+    assert [budget.choose(10.0) for _ in range(4)] == [1, 1, 1, 1]
+    assert budget.loads[1].predicted_work == 40.0
+    assert budget.choose(None) == 1  # 40 + 256 < 1000
+    assert budget.choose(2000.0) == 1  # 296 < 1000
+    assert budget.choose(None) == 0
+    # A fresh snapshot of rank 1 that has seen only 2 of its 6 requests: the other 4 stay counted.
+    budget.update([snap(1, 20.0, 2, 2.0, received=2)])
+    assert budget.loads[1] == routing.RankLoad(6, 20.0 + 10 + 10 + 256 + 2000)
+    budget.update([snap(1, 2276.0, 6, 3.0, received=6)])
+    assert budget.loads[1] == routing.RankLoad(6, 2276.0)
+    # a stock snapshot (no counter) counts its requests with the prior and everything as seen
+    stock = SimpleNamespace(dp_rank=0, timestamp=4.0, num_running_reqs=2, num_waiting_reqs=1)
+    budget.update([stock])
+    assert budget.loads[0] == routing.RankLoad(3, 768.0)
+
+
+def test_in_flight_requests_expire():
+    budget = routing.OutletsBudget(2, prior_output_len=256.0, pending_ttl_s=0.0)
+    budget.choose(None)
+    assert budget.loads[0].predicted_work == 0.0
+
+
+def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded):
+    from sglang.srt.managers.data_parallel_controller import LoadBalanceMethod
+
+    assert LoadBalanceMethod.from_str("outlets") is LoadBalanceMethod.TOTAL_REQUESTS
+    assert LoadBalanceMethod.from_str("round_robin") is LoadBalanceMethod.ROUND_ROBIN
+    with pytest.raises(ValueError):
+        LoadBalanceMethod.from_str("bogus")
+
+
+def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):
+    seen = []
+    fake_scheduler = SimpleNamespace(waiting_queue=[request("a", 300, arrival=0.0), request("b", 20, arrival=1.0)])
+    original = lambda self, running_batch: seen.append([r.rid for r in self.waiting_queue])
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
+    hooks.prebuilt_batch_around(original, fake_scheduler, None)
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    fake_scheduler.waiting_queue.reverse()
+    hooks.prebuilt_batch_around(original, fake_scheduler, None)
+    assert seen == [["b", "a"], ["a", "b"]]
+
+
+def write_export(directory, fusion=(2, 3, 4), hidden=32):
+    import json
+
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["OutletsLlamaForCausalLMEagle3"], "hidden_size": hidden,
+        "outlets_config": {"fusion_layers": list(fusion), "head_input": "draft", "gated_attention": True,
+                           "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}}))
+    (directory / "model.safetensors").write_bytes(b"")
+    return str(directory)
+
+
+def write_target(directory, layers=6, hidden=32):
+    import json
+
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden}))
+    return str(directory)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no-radix-flag", "needs --disable-radix-cache"),
+    ("speculative", "cannot be combined with --speculative-algorithm"),
+    ("too-deep", "do not fit the 6-layer target"),
+    ("wrong-width", "expects target hidden size 64"),
+])
+def test_predictor_only_refusals(plugins_loaded, tmp_path, capsys, case, message):
+    from sglang.srt.server_args import prepare_server_args
+
+    target = write_target(tmp_path / "target")
+    export = write_export(tmp_path / "export", fusion=(2, 3, 9) if case == "too-deep" else (2, 3, 4),
+                          hidden=64 if case == "wrong-width" else 32)
+    argv = ["--model-path", target, "--outlets-draft-path", export]
+    if case != "no-radix-flag":
+        argv.append("--disable-radix-cache")
+    if case == "speculative":
+        argv += ["--speculative-algorithm", "EAGLE3"]
+    with pytest.raises(SystemExit):
+        prepare_server_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_predictor_only_accepts_a_fitting_export(plugins_loaded, tmp_path):
+    from sglang.srt.server_args import prepare_server_args
+
+    export = write_export(tmp_path / "export")
+    args = prepare_server_args(["--model-path", write_target(tmp_path / "target"), "--outlets-draft-path", export,
+                                "--disable-radix-cache", "--schedule-policy", "outlets"])
+    assert os.environ[ENV_DRAFT] == export and args.schedule_policy == "outlets"

@@ -1,0 +1,87 @@
+"""Predictor-only mode (``--outlets-draft-path``, an `outlets export` directory) on a real SGLang 0.5.23
+CPU server (serve environment). The export and the offline reference come from the training
+environment (.venv, SpecForge) through tests/sglang_harness/offline_reference.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
+
+from tests.data_fixtures import make_chat_target  # noqa: E402
+from tests.sglang_harness.server import REPO, start_server  # noqa: E402
+
+PRIOR = 256.0
+TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
+PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
+
+
+def training_env(*args) -> str:
+    """Run offline_reference.py in the training environment; its last stdout line."""
+    if not os.path.exists(TRAIN_PYTHON):
+        pytest.skip(f"the training environment ({TRAIN_PYTHON}) is needed for the offline reference (make install)")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run([TRAIN_PYTHON, "-m", "tests.sglang_harness.offline_reference", *args], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory) -> str:
+    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
+
+
+@pytest.fixture(scope="module")
+def outlets_export(chat_target, tmp_path_factory) -> str:
+    return training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
+
+
+@pytest.fixture(scope="module")
+def server(chat_target, outlets_export, tmp_path_factory):
+    server = start_server(chat_target, str(tmp_path_factory.mktemp("predictor-log")),
+                          ["--schedule-policy", "outlets", "--outlets-draft-path", outlets_export,
+                           "--disable-radix-cache", "--dtype", "float32"],
+                          env={"OUTLETS_TEST_FAIL_PREDICTION": "fail-me"})
+    yield server
+    server.stop()
+
+
+def test_r0_equals_the_offline_prediction_of_the_export(server, chat_target, outlets_export, tmp_path):
+    served = []
+    for prompt in PROMPTS:
+        response = server.generate(input_ids=prompt, max_new_tokens=2)
+        served.append((prompt, response["output_ids"][0], response["meta_info"]["predicted_output_len"]))
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([{"prompt_ids": p, "first_token": t} for p, t, _ in served]))
+    offline = json.loads(training_env("predict", outlets_export, chat_target, str(cases)))
+    for (prompt, first, value), reference in zip(served, offline):
+        # Same prompt, same first token; float32 on both sides. meta_info rounds to 3 decimals.
+        assert value == pytest.approx(reference, rel=1e-4, abs=2e-3), (prompt, first, value, reference)
+    assert len({round(v) for _, _, v in served}) == len(served)  # the draft does see the prompt
+    assert re.search(r"OUTLETS predictor: mode=predictor-only \(OUTLETS draft .*hooks applied: (\d+)/\1",
+                     server.log_text())
+
+
+def test_predictor_failure_falls_back_to_the_prior_and_keeps_serving(server):
+    body = {"input_ids": PROMPTS[0], "rid": "fail-me-1",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}
+    response = server.post("/generate", body)
+    assert response["meta_info"]["completion_tokens"] == 2
+    assert response["meta_info"]["predicted_output_len"] == PRIOR
+    assert re.search(r"OUTLETS prediction failed for request fail-me-1 .*injected failure.*failures so far: \d+",
+                     server.log_text())
+    # the next request is predicted again
+    response = server.generate(input_ids=PROMPTS[1], max_new_tokens=2)
+    assert response["meta_info"]["predicted_output_len"] != PRIOR
+
+
+def test_external_prediction_takes_precedence_over_the_draft(server):
+    response = server.generate(input_ids=PROMPTS[0], max_new_tokens=2, predicted=9)
+    assert response["meta_info"]["predicted_output_len"] == 9.0

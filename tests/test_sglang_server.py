@@ -1,0 +1,124 @@
+"""The OUTLETS plugin on real SGLang 0.5.23 servers on the CPU (serve environment, `make test`):
+``--schedule-policy outlets`` against stock FCFS.
+
+One server per test class (class-scoped fixtures, ~40-60 s to start), so at most one runs at a
+time. The plugin is found through its ``sglang.srt.plugins`` entry point (setup.py); no launcher of
+ours is involved. See also test_sglang_dp.py and test_sglang_predictor.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
+
+from tests.data_fixtures import make_chat_target  # noqa: E402
+from tests.sglang_harness.server import completion_order, start_server  # noqa: E402
+
+PRIOR = 256.0
+PROMPT = "hello world the quick brown fox"
+GREEDY_TOKENS = {}  # output ids per server kind, compared at the end
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory) -> str:
+    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
+
+
+# Predictions far apart, so that the aging term (10 tokens/s x 0.05 s between arrivals) cannot
+# reorder them; actual lengths are tiny so the test is quick. The first request blocks the server
+# (one request runs at a time) while the others queue up behind it.
+BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 120, "predicted": 5000}
+BURST_PREDICTIONS = [900, 100, 700, 300, 500, 200]
+
+
+def burst(server):
+    requests = [BLOCKER] + [
+        {"text": f"{PROMPT} {index}", "max_new_tokens": 2, "predicted": predicted}
+        for index, predicted in enumerate(BURST_PREDICTIONS)
+    ]
+    results = server.burst(requests, gap_s=0.05)
+    # the precondition of the comparison: everything queued while the blocker was running
+    assert results[0]["done"] > max(result["sent"] for result in results[1:]) + 0.05, "blocker finished too early"
+    order = completion_order(results)
+    assert order[0] == 0  # the blocker was already running
+    return [BURST_PREDICTIONS[index - 1] for index in order[1:]]
+
+
+class TestOutletsPolicy:
+    @pytest.fixture(scope="class")
+    def server(self, chat_target, tmp_path_factory):
+        server = start_server(chat_target, str(tmp_path_factory.mktemp("outlets-log")),
+                              ["--schedule-policy", "outlets", "--max-running-requests", "1", "--enable-metrics"])
+        yield server
+        server.stop()
+
+    def test_burst_completes_shortest_predicted_first(self, server):
+        assert burst(server) == sorted(BURST_PREDICTIONS)
+
+    def test_prediction_is_reported_in_meta_info(self, server):
+        response = server.generate(PROMPT, max_new_tokens=3, predicted=42)
+        assert response["meta_info"]["predicted_output_len"] == 42.0
+        assert response["meta_info"]["completion_tokens"] == 3
+        # without a prediction and without a predictor the key uses the prior, and the response
+        # reports none (as stock)
+        response = server.generate(PROMPT, max_new_tokens=2)
+        assert "predicted_output_len" not in response["meta_info"]
+
+    def test_failed_prediction_falls_back_to_the_prior_and_keeps_serving(self, server):
+        for bad in ("not-a-number", "nan", -5):
+            response = server.generate(PROMPT, max_new_tokens=2, predicted=bad)
+            assert response["meta_info"]["completion_tokens"] == 2
+            assert response["meta_info"]["predicted_output_len"] == PRIOR
+        counts = [int(n) for n in re.findall(r"OUTLETS prediction failed .*failures so far: (\d+)", server.log_text())]
+        assert len(counts) >= 3 and counts[-3:] == [counts[-3], counts[-3] + 1, counts[-3] + 2], counts
+        # and ordinary requests are still served afterwards
+        assert server.generate(PROMPT, max_new_tokens=2, predicted=7)["meta_info"]["predicted_output_len"] == 7.0
+
+    def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
+        log = server.log_text()
+        match = re.search(r"OUTLETS schedule-policy: mode=(.*?), prior_output_len=256, .*hooks applied: (\d+)/(\d+)", log)
+        assert match, log[-3000:]
+        assert match.group(1).startswith("external predictions")
+        assert match.group(2) == match.group(3)
+        assert "OUTLETS hooks NOT applied" not in log
+        assert "Failed to apply hooks" not in log and "Failed to execute general plugin" not in log
+
+    def test_prometheus_metrics(self, server):
+        server.generate(PROMPT, max_new_tokens=3, predicted=10)  # abs error 7
+        burst(server)  # reorders the waiting queue
+        text = server.get("/metrics")
+        assert re.search(r"^outlets_prediction_abs_error_tokens_count\S* [1-9]", text, re.M), text[-2000:]
+        assert re.search(r"^outlets_queue_order_changes_total\S* [1-9]", text, re.M), [
+            line for line in text.splitlines() if "outlets" in line]
+
+    def test_greedy_tokens(self, server):
+        GREEDY_TOKENS["outlets"] = server.generate(PROMPT, max_new_tokens=6, predicted=3)["output_ids"]
+
+
+class TestStock:
+    """The same server without the plugin's flags: the plugin is loaded but inert."""
+
+    @pytest.fixture(scope="class")
+    def server(self, chat_target, tmp_path_factory):
+        server = start_server(chat_target, str(tmp_path_factory.mktemp("stock-log")), ["--max-running-requests", "1"])
+        yield server
+        server.stop()
+
+    def test_burst_completes_in_arrival_order_under_fcfs(self, server):
+        assert burst(server) == BURST_PREDICTIONS
+
+    def test_no_prediction_no_log_line(self, server):
+        response = server.generate(PROMPT, max_new_tokens=3, predicted=42)
+        assert "predicted_output_len" not in response["meta_info"]
+        # The hooks are applied in every SGLang process (test_sglang_plugin.py proves it) but pass
+        # through: no start-up line, no prediction.
+        assert "OUTLETS" not in server.log_text()
+
+    def test_same_tokens_as_the_outlets_server(self, server):
+        tokens = server.generate(PROMPT, max_new_tokens=6)["output_ids"]
+        if "outlets" not in GREEDY_TOKENS:
+            pytest.skip("run with TestOutletsPolicy")
+        assert tokens == GREEDY_TOKENS["outlets"]
