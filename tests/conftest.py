@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from specforge_outlets.demo.tiny_target import TINY_FUSION_LAYERS, make_features, make_tiny_target
+from tests.tiny_target import TINY_FUSION_LAYERS, make_features, make_tiny_target
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -15,7 +15,7 @@ from specforge_outlets.data.features import load_features
 from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
 from specforge_outlets.model.inference import labelled_predictions, predict_log_remaining
 from specforge_outlets.training.export_command import export_draft
-from specforge_outlets.demo.tiny_target import write_recipe
+from tests.tiny_target import write_recipe
 
 
 def outlets(*args, env=None):

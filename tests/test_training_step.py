@@ -14,7 +14,7 @@ from specforge_outlets.training.cpu_loss import install_cpu_loss, reference_log_
 from specforge_outlets.training.model import OutletsEagle3Model
 from specforge_outlets.training.settings import OutletsSettings
 from specforge_outlets.training.strategy import OutletsTrainStrategy
-from specforge_outlets.demo.tiny_target import TINY_DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS, TINY_VOCAB
+from tests.tiny_target import TINY_DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS, TINY_VOCAB
 
 TTT = 3
 

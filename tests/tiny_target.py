@@ -1,4 +1,4 @@
-"""A tiny randomly initialised Llama target and synthetic OUTLETS features, built locally (tests, demo)."""
+"""A tiny randomly initialised Llama target and synthetic OUTLETS features, built locally for tests."""
 
 from __future__ import annotations
 
