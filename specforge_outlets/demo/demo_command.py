@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 
 import yaml
@@ -24,7 +25,9 @@ DEFAULT_RECIPE = os.path.join(REPO_ROOT, "recipes", "smollm2-135m-cpu-outlets.ya
 AZURE_TRACE = os.path.join(REPO_ROOT, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
 CLUSTER = os.path.join(REPO_ROOT, "recipes", "cluster-h100-1p3d.yaml")
 FULL = {"prompts": 80, "max_new_tokens": 320, "epochs": 3, "sd_only": True}
-QUICK = {"prompts": 20, "max_new_tokens": 48, "epochs": 1, "sd_only": False}
+# Quick: enough new tokens that short built-in answers end (at 48 every SmolLM2 test answer of a
+# 20-prompt sample was censored, leaving nothing to evaluate).
+QUICK = {"prompts": 30, "max_new_tokens": 160, "epochs": 1, "sd_only": False}
 
 
 def register(subparsers) -> None:
@@ -36,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--baselines", default=None, help="comma list passed to `outlets eval --baselines`")
     parser.add_argument("--prompts-file", default=None,
                         help="JSONL of {id, prompt} to draw from instead of the built-in prompts")
-    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (default 80, quick 20)")
+    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (default 80, quick 30)")
     parser.set_defaults(func=run)
 
 
@@ -124,7 +127,11 @@ def run(args) -> int:
     if args.prompts:
         sizes["prompts"] = args.prompts
     root = os.path.abspath(args.output)
-    dirs = run_stages(root, build_stages(args, sizes))
+    try:
+        dirs = run_stages(root, build_stages(args, sizes))
+    except subprocess.CalledProcessError as failed:
+        print(f"demo stopped: `outlets {failed.cmd[3]}` failed (its message is above); finished stages are kept")
+        return failed.returncode
     print_summary(dirs)
     print(f"\nrun directory: {root}  ({time.time() - started:.0f} s)")
     for name, directory in dirs.items():
