@@ -21,6 +21,7 @@ setup(
         "pyyaml",
         "tqdm",
         "matplotlib",
+        "httpx",  # outlets bench-serving's streaming client
     ],
     extras_require={
         # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1).

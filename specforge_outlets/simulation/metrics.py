@@ -1,45 +1,167 @@
 """Serving metrics of one run, for all requests and for short and long ones.
 
-The same schema is meant for real runs (``outlets bench-serving``), so that a simulated and a
-measured run compare side by side. Throughput is output tokens over the makespan (first arrival to
-last finish); a class's throughput is its own output tokens over that same makespan.
+One schema for simulated runs (``outlets simulate``) and measured ones (``outlets bench-serving``),
+so that both compare side by side (``outlets compare-runs``). The computation takes plain per-request
+arrays; :func:`summarize` feeds it a simulation result, the benchmark feeds it client-side records.
+
+Throughput is output tokens of successful requests over the makespan (first arrival to last finish
+or failure); a class's throughput is its own output tokens over that same makespan.
+
+Failed requests (a real server that dropped the connection, timed out or returned an error) stay in
+the latency statistics with an **infinite** latency: leaving them out would make a server that drops
+its slowest requests look fast. So a class's P99 is ``inf`` as soon as about 1% of it failed, and its
+mean is ``inf`` when any request failed; ``failed`` counts them. A failed request's TTFT is infinite
+only if it never produced a first token. In JSON, ``inf`` is written as the string ``"inf"`` and an
+undefined value (an empty class) as ``null`` (:func:`json_safe`, :func:`metric_value`).
+
+Queueing delay is reported only when it is known (the simulator); a client cannot observe it, so
+``queue_*`` keys are absent from measured runs.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import math
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 
-from specforge_outlets.simulation.engine import SimulationResult
+if TYPE_CHECKING:  # the benchmark uses this module without the simulator
+    from specforge_outlets.simulation.engine import SimulationResult
 
 # Requests with fewer output tokens than this are "short" (the method's threshold).
 DEFAULT_SHORT_THRESHOLD = 800
+CLASSES = ("all", "short", "long")
+INF_JSON = "inf"
 
 
-def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THRESHOLD) -> Dict[str, Dict[str, float]]:
-    """Metrics per class: ``all``, ``short`` (< threshold output tokens) and ``long``."""
-    makespan = float(np.max(result.finish_times) - np.min(result.arrival_times))
-    short = result.output_lens < short_threshold
-    classes = {"all": np.ones_like(short), "short": short, "long": ~short}
-    return {name: _class_metrics(result, mask, makespan) for name, mask in classes.items()}
+def summarize(result: "SimulationResult", short_threshold: int = DEFAULT_SHORT_THRESHOLD) -> Dict[str, Dict[str, float]]:
+    """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``."""
+    return summarize_requests(
+        arrival_times=result.arrival_times,
+        first_token_times=result.first_token_times,
+        finish_times=result.finish_times,
+        output_lens=result.output_lens,
+        queue_delays=result.queue_delays,
+        short_threshold=short_threshold,
+    )
 
 
-def _class_metrics(result: SimulationResult, mask: np.ndarray, makespan: float) -> Dict[str, float]:
+def summarize_requests(
+    arrival_times: np.ndarray,
+    first_token_times: np.ndarray,
+    finish_times: np.ndarray,
+    output_lens: np.ndarray,
+    *,
+    class_lens: Optional[np.ndarray] = None,
+    queue_delays: Optional[np.ndarray] = None,
+    success: Optional[np.ndarray] = None,
+    short_threshold: int = DEFAULT_SHORT_THRESHOLD,
+) -> Dict[str, Dict[str, float]]:
+    """Metrics per class from per-request arrays (seconds on one clock, tokens).
+
+    ``finish_times`` of a failed request is when the failure was seen (it bounds the makespan);
+    ``first_token_times`` is NaN for a request that never produced a token. ``output_lens`` counts
+    generated tokens (only successful requests add to throughput). ``class_lens`` decides short or
+    long (default ``output_lens``; the benchmark passes the expected length for failed requests).
+    ``success`` defaults to all true; ``queue_delays`` to unknown (no ``queue_*`` keys).
+    """
+    arrival = np.asarray(arrival_times, dtype=np.float64)
+    count = len(arrival)
+    first_token = np.asarray(first_token_times, dtype=np.float64)
+    finish = np.asarray(finish_times, dtype=np.float64)
+    outputs = np.asarray(output_lens, dtype=np.float64)
+    ok = np.ones(count, dtype=bool) if success is None else np.asarray(success, dtype=bool)
+    lengths = outputs if class_lens is None else np.asarray(class_lens, dtype=np.float64)
+    makespan = float(np.max(finish) - np.min(arrival)) if count else 0.0
+
+    e2e = np.where(ok, finish - arrival, np.inf)
+    ttft = first_token - arrival
+    ttft = np.where(np.isnan(ttft), np.inf, ttft)  # never produced a token
+    latencies = {"e2e": e2e, "ttft": ttft}
+    if queue_delays is not None:
+        latencies["queue"] = np.asarray(queue_delays, dtype=np.float64)
+
+    short = lengths < short_threshold
+    masks = {"all": np.ones(count, dtype=bool), "short": short, "long": ~short}
+    return {name: class_metrics(mask, ok, outputs, latencies, makespan) for name, mask in masks.items()}
+
+
+def class_metrics(mask: np.ndarray, success: np.ndarray, output_lens: np.ndarray,
+                  latencies: Dict[str, np.ndarray], makespan: float) -> Dict[str, float]:
+    """Count, failures, throughput, and P50/P99/mean of each latency over the requests in ``mask``."""
     count = int(mask.sum())
+    tokens = float(output_lens[mask & success].sum())
     metrics: Dict[str, float] = {
         "requests": count,
-        "throughput_tok_s": float(result.output_lens[mask].sum() / makespan) if makespan > 0 else 0.0,
-    }
-    latencies = {
-        "e2e": result.finish_times - result.arrival_times,
-        "ttft": result.first_token_times - result.arrival_times,
-        "queue": result.queue_delays,
+        "failed": int((mask & ~success).sum()),
+        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
     }
     for name, values in latencies.items():
         selected = values[mask]
-        for label, percentile in (("p50", 50), ("p99", 99)):
-            metrics[f"{name}_{label}_s"] = float(np.percentile(selected, percentile)) if count else float("nan")
-        metrics[f"{name}_mean_s"] = float(selected.mean()) if count else float("nan")
-    metrics["queue_max_s"] = float(result.queue_delays[mask].max()) if count else float("nan")
+        for label, q in (("p50", 50), ("p99", 99)):
+            metrics[f"{name}_{label}_s"] = percentile(selected, q)
+        metrics[f"{name}_mean_s"] = float(selected.mean()) if count else math.nan
+    if "queue" in latencies:
+        metrics["queue_max_s"] = float(latencies["queue"][mask].max()) if count else math.nan
     return metrics
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) that stays defined with infinite values.
+
+    ``np.percentile`` interpolates ``a + (b - a) * t``: NaN between two infinities, and NaN for
+    ``t == 0`` next to an infinity. Here a percentile that touches an infinite neighbour with a
+    non-zero weight is ``inf``, and an exact rank returns that value.
+    """
+    if len(values) == 0:
+        return math.nan
+    if np.isfinite(values).all():
+        return float(np.percentile(values, q))
+    ordered = np.sort(values)
+    position = q / 100.0 * (len(ordered) - 1)
+    low = int(math.floor(position))
+    high = min(low + 1, len(ordered) - 1)
+    weight = position - low
+    a, b = float(ordered[low]), float(ordered[high])
+    if weight == 0.0 or a == b:
+        return a
+    if math.isinf(b) or math.isinf(a):
+        return math.inf
+    return a + (b - a) * weight
+
+
+def json_safe(value: Any) -> Any:
+    """A copy that strict JSON can hold: ``inf`` -> ``"inf"``, NaN -> ``null`` (nested dicts/lists)."""
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isnan(number):
+            return None
+        if math.isinf(number):
+            return INF_JSON if number > 0 else "-inf"
+        return number
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def metric_value(value: Any) -> float:
+    """A metric read back from summary.json: numbers, ``"inf"``, ``null`` (NaN), or Python's Infinity/NaN."""
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        return float(value)  # "inf", "-inf", "nan"
+    return float(value)
+
+
+def format_metric(value: Any, fmt: str = "{:.2f}") -> str:
+    """Markdown cell: ``inf`` for an infinite latency (failed requests), ``–`` when undefined."""
+    number = metric_value(value)
+    if math.isnan(number):
+        return "–"
+    if math.isinf(number):
+        return "inf"
+    return fmt.format(number)

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Dict, List
 
+from specforge_outlets.simulation.metrics import json_safe
 from specforge_outlets.simulation.study import POLICY_STUDY, PREDICTOR_STUDY
 
 # Columns of the markdown tables: (header, metrics class, metric key, format).
@@ -27,7 +28,7 @@ def write_report(output_dir: str, header: Dict, rows: List[Dict]) -> List[str]:
     os.makedirs(output_dir, exist_ok=True)
     paths = [os.path.join(output_dir, "summary.json"), os.path.join(output_dir, "summary.md")]
     with open(paths[0], "w", encoding="utf-8") as handle:
-        json.dump({**header, "runs": rows}, handle, indent=2)
+        json.dump(json_safe({**header, "runs": rows}), handle, indent=2, allow_nan=False)
     with open(paths[1], "w", encoding="utf-8") as handle:
         handle.write(markdown_summary(header, rows))
     paths += _plots(output_dir, rows)

@@ -1,0 +1,266 @@
+"""``outlets bench-serving``: drive real servers and summarize them like the simulator does.
+
+SGLang's ``python -m sglang.bench_serving`` generates load and records requests, but it has no trace
+replay at the trace's own arrival times, no short/long breakdown, keeps no ``meta_info`` (the server's
+length prediction) and writes its own metric names. This command sends the same native ``/generate``
+requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
+(workload.py), and summarizes them with the simulator's metrics (``simulation/metrics.py``) into the
+simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
+simulated ones.
+
+Outputs (``--output DIR``): ``requests.jsonl`` (one record per request, failures included),
+``summary.json``, ``summary.md``. They are written to temporary names and renamed when the run is
+complete, ``summary.json`` last: an interrupted run leaves the previous results (if any) untouched
+and never a finished-looking summary of a partial run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import math
+import os
+import time
+from typing import Dict, List, Optional, Sequence
+
+ARTIFACTS = ("requests.jsonl", "summary.md", "summary.json")  # rename order: summary.json last
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench-serving",
+        help="benchmark real SGLang servers; same summary schema as `outlets simulate`",
+        description=(
+            "Send streaming native /generate requests to one or more servers (round-robin), from a prompt "
+            "dataset at a Poisson rate or from a trace at its own arrival times, and write requests.jsonl, "
+            "summary.json (the simulator's schema: all/short/long latency percentiles and throughput, "
+            "failures counted as infinite latency) and summary.md."
+        ),
+    )
+    parser.add_argument("--base-url", action="append", required=True,
+                        help="server URL, e.g. http://127.0.0.1:30000; repeat for several servers (round-robin)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset", help="JSONL of prompt (or messages/conversations) [, id, output_length]")
+    source.add_argument("--trace", help="Azure CSV or JSONL trace, replayed at its arrival times with synthetic prompts")
+    parser.add_argument("--rate", type=float, help="--dataset: Poisson arrival rate in requests/s; inf = all at once")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="--trace: divide arrival times by this (default 1)")
+    parser.add_argument("--output", required=True, help="directory for requests.jsonl, summary.json, summary.md")
+    parser.add_argument("--label", help="name of the run in summaries (default: the output directory's name)")
+    parser.add_argument("--num-requests", type=int, help="send only the first N requests")
+    parser.add_argument("--tokenizer", help="local tokenizer directory: chat template for dataset prompts (sent as "
+                                            "token ids), vocabulary for trace prompts")
+    parser.add_argument("--raw-prompts", action="store_true", help="--dataset: send prompts as text, no chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="--dataset: per request (default 256)")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--short-threshold", type=int, default=800,
+                        help="short requests: fewer generated (or, if failed, expected) tokens (default 800)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
+    parser.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
+    parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals and synthetic prompts")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specforge_outlets.benchmarking.client import SamplingSettings, check_server
+    from specforge_outlets.benchmarking.workload import load_dataset_workload, load_tokenizer, load_trace_workload
+
+    _validate(args)
+    urls = [url.rstrip("/") for url in args.base_url]
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    if args.dataset:
+        workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
+                                         args.num_requests, args.seed)
+    else:
+        workload = load_trace_workload(args.trace, args.rate_scale, tokenizer, args.num_requests, args.seed)
+    for url in urls:
+        check_server(url)
+
+    label = args.label or os.path.basename(os.path.normpath(args.output))
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print(f"bench-serving {label}: {len(workload.requests)} requests from {workload.source['path']} "
+          f"at {workload.offered_rps:g} req/s to {', '.join(urls)}")
+    sampling = SamplingSettings(args.temperature, args.top_p)
+    started = time.perf_counter()
+    records = asyncio.run(_drive(workload.requests, urls, sampling, args.timeout, args.max_concurrency))
+    duration_s = time.perf_counter() - started
+
+    metrics = summarize_records(records, args.short_threshold)
+    header = {
+        "kind": "bench-serving",
+        "base_urls": urls,
+        "source": workload.source,
+        "rate": args.rate if args.dataset else None,
+        "rate_scale": args.rate_scale if args.trace else None,
+        "num_requests": len(records),
+        "skipped_rows": workload.skipped_rows,
+        "short_threshold": args.short_threshold,
+        "max_new_tokens": args.max_new_tokens if args.dataset else "trace output_length (ignore_eos)",
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "tokenizer": args.tokenizer,
+        "max_concurrency": args.max_concurrency,
+        "timeout_s": args.timeout,
+        "seed": args.seed,
+        "started_at": started_at,
+        "duration_s": duration_s,
+    }
+    row = {"label": label, "offered_rps": workload.offered_rps, "metrics": metrics}
+    for path in write_outputs(args.output, header, row, records):
+        print(f"wrote {path}")
+    failed = [record for record in records if not record.success]
+    if failed:
+        print(f"WARNING: {len(failed)} of {len(records)} requests failed (first: {failed[0].id}: {failed[0].error}); "
+              f"they count as infinite latency in the percentiles; see {os.path.join(args.output, 'requests.jsonl')}")
+    return 1 if failed and len(failed) == len(records) else 0
+
+
+def _validate(args) -> None:
+    from specforge_outlets.errors import OutletsError
+
+    if args.dataset:
+        if args.rate is None:
+            raise OutletsError("--dataset needs --rate R (requests/s, Poisson; inf sends everything at once)")
+        if not args.rate > 0:
+            raise OutletsError(f"--rate must be a positive number of requests/s (or inf for a burst), got {args.rate}")
+        if not args.tokenizer and not args.raw_prompts:
+            raise OutletsError("--dataset needs --tokenizer DIR (render prompts with its chat template) or --raw-prompts")
+        if args.max_new_tokens < 1:
+            raise OutletsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+        if args.rate_scale != 1.0:
+            raise OutletsError("--rate-scale is for --trace; set the dataset's arrival rate with --rate")
+    else:
+        if args.rate is not None:
+            raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")
+        if args.raw_prompts:
+            raise OutletsError("--raw-prompts is for --dataset; trace prompts are synthetic token ids")
+    checks = (
+        (args.num_requests is None or args.num_requests >= 1, f"--num-requests must be at least 1, got {args.num_requests}"),
+        (args.short_threshold >= 1, f"--short-threshold must be at least 1, got {args.short_threshold}"),
+        (args.timeout > 0, f"--timeout must be positive, got {args.timeout}"),
+        (args.max_concurrency is None or args.max_concurrency >= 1,
+         f"--max-concurrency must be at least 1, got {args.max_concurrency}"),
+        (args.temperature >= 0, f"--temperature must be non-negative, got {args.temperature}"),
+        (0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
+        (args.rate_scale > 0 and math.isfinite(args.rate_scale), f"--rate-scale must be a positive number, got {args.rate_scale}"),
+    )
+    for ok, message in checks:
+        if not ok:
+            raise OutletsError(message)
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise OutletsError(f"--output {args.output} is a file; give a directory")
+
+
+async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_concurrency: Optional[int]):
+    """Send every request at its arrival time, round-robin over ``urls``; records in request order."""
+    import httpx
+    from tqdm import tqdm
+
+    from specforge_outlets.benchmarking.client import send_request
+
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    progress = tqdm(total=len(requests), desc="requests", unit="req")
+    failures = 0
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        start = time.perf_counter()
+
+        async def one(index: int, request):
+            nonlocal failures
+            if gate is not None:
+                async with gate:
+                    record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s)
+            else:
+                record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s)
+            failures += not record.success
+            progress.set_postfix(failed=failures, refresh=False)
+            progress.update(1)
+            return record
+
+        tasks = []
+        for index, request in enumerate(requests):
+            delay = start + request.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(index, request)))
+        records = await asyncio.gather(*tasks)
+    progress.close()
+    return list(records)
+
+
+def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, float]]:
+    """The simulator's metrics from client records (times relative to the run's start)."""
+    import numpy as np
+
+    from specforge_outlets.simulation.metrics import summarize_requests
+
+    sent = np.array([record.sent_s for record in records], dtype=np.float64)
+    ttft = np.array([math.nan if record.ttft_s is None else record.ttft_s for record in records], dtype=np.float64)
+    e2e = np.array([record.e2e_s for record in records], dtype=np.float64)
+    success = np.array([record.success for record in records], dtype=bool)
+    outputs = np.array([record.output_len for record in records], dtype=np.float64)
+    # A request that did not finish is classified by the length it was expected to reach.
+    class_lens = np.where(success, outputs, [record.expected_output_len for record in records])
+    return summarize_requests(sent, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
+                              short_threshold=short_threshold)
+
+
+def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:
+    """Write every file to a temporary name, then rename them, summary.json last."""
+    from specforge_outlets.simulation.metrics import json_safe
+
+    os.makedirs(output_dir, exist_ok=True)
+    contents = {
+        "requests.jsonl": "".join(json.dumps(json_safe(record.to_json()), allow_nan=False) + "\n" for record in records),
+        "summary.md": markdown_summary(header, row),
+        "summary.json": json.dumps(json_safe({**header, "runs": [row]}), indent=2, allow_nan=False) + "\n",
+    }
+    temporary = {}
+    for name in ARTIFACTS:
+        temporary[name] = os.path.join(output_dir, f".{name}.tmp-{os.getpid()}")
+        with open(temporary[name], "w", encoding="utf-8") as handle:
+            handle.write(contents[name])
+            handle.flush()
+            os.fsync(handle.fileno())
+    paths = []
+    for name in ARTIFACTS:
+        paths.append(os.path.join(output_dir, name))
+        os.replace(temporary[name], paths[-1])
+    return paths
+
+
+# (header, metric key, format) per class table column.
+MARKDOWN_COLUMNS = (
+    ("requests", "requests", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("throughput tok/s", "throughput_tok_s", "{:.1f}"),
+    ("P50 e2e s", "e2e_p50_s", "{:.3f}"),
+    ("P99 e2e s", "e2e_p99_s", "{:.3f}"),
+    ("mean e2e s", "e2e_mean_s", "{:.3f}"),
+    ("P50 TTFT s", "ttft_p50_s", "{:.3f}"),
+    ("P99 TTFT s", "ttft_p99_s", "{:.3f}"),
+)
+
+
+def markdown_summary(header: Dict, row: Dict) -> str:
+    from specforge_outlets.simulation.metrics import CLASSES, format_metric
+
+    metrics = row["metrics"]
+    lines = [f"# Serving benchmark: {row['label']}", ""]
+    lines += [f"- {key}: {value}" for key, value in header.items()]
+    lines += [f"- offered_rps: {row['offered_rps']:g}", ""]
+    columns = ["class"] + [column[0] for column in MARKDOWN_COLUMNS]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for name in CLASSES:
+        cells = [name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    failed = metrics["all"]["failed"]
+    lines.append("")
+    if failed:
+        lines.append(f"**{failed} of {metrics['all']['requests']} requests failed**; a failed request counts as an "
+                     "infinite latency (`inf`), so percentiles it reaches read `inf`. Errors: requests.jsonl.")
+    lines.append(f"Short: fewer than {header['short_threshold']} generated tokens (a failed request: its expected "
+                 "length). Queueing delay is not observable from the client and is not reported.")
+    return "\n".join(lines) + "\n"

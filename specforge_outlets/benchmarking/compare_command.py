@@ -1,0 +1,165 @@
+"""``outlets compare-runs``: measured and simulated runs in one table and one figure.
+
+Reads the ``summary.json`` of ``outlets bench-serving`` and ``outlets simulate`` directories (both
+write ``{header..., "runs": [{..., "metrics": {"all"|"short"|"long": {...}}}]}``) and lists every row:
+throughput, short P50/P99, long P99, all P99 and failed requests, plus the policy columns when a
+row has them (simulator rows). ``inf`` latencies (failed requests) stay ``inf``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from specforge_outlets.errors import OutletsError
+
+POLICY_KEYS = ("study", "routing", "queue", "predictor", "rate_scale")
+# (header, class, key, format)
+METRIC_COLUMNS = (
+    ("offered req/s", None, "offered_rps", "{:.2f}"),
+    ("throughput tok/s", "all", "throughput_tok_s", "{:.0f}"),
+    ("short P50 s", "short", "e2e_p50_s", "{:.2f}"),
+    ("short P99 s", "short", "e2e_p99_s", "{:.2f}"),
+    ("long P99 s", "long", "e2e_p99_s", "{:.2f}"),
+    ("all P99 s", "all", "e2e_p99_s", "{:.2f}"),
+    ("failed", "all", "failed", "{:.0f}"),
+)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of one summary.json, with where it came from."""
+
+    run: str  # directory name
+    label: str
+    kind: str  # bench-serving | simulate
+    row: Dict
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare-runs",
+        help="compare bench-serving and simulate runs: compare.md and compare.png",
+        description="Read summary.json of bench-serving and/or simulate output directories and write one "
+                    "table (compare.md) and grouped bars of short-request P99 and throughput (compare.png).",
+    )
+    parser.add_argument("runs", nargs="+", metavar="DIR", help="bench-serving or simulate output directories")
+    parser.add_argument("--output", required=True,
+                        help="directory for compare.md and compare.png, or a FILE.md (the plot goes to FILE.png)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    rows = [row for directory in args.runs for row in load_rows(directory)]
+    markdown_path, plot_path = _output_paths(args.output)
+    table = markdown_table(rows)
+    with open(markdown_path, "w", encoding="utf-8") as handle:
+        handle.write("# Runs compared\n\n" + "\n".join(f"- {d}" for d in args.runs) + "\n\n" + table + "\n")
+    plot(rows, plot_path)
+    print(table)
+    print(f"wrote {markdown_path}\nwrote {plot_path}")
+    return 0
+
+
+def load_rows(directory: str) -> List[RunRow]:
+    """Every row of ``directory/summary.json``; a missing or malformed file names the directory."""
+    path = os.path.join(directory, "summary.json") if os.path.isdir(directory) else directory
+    if not os.path.isfile(path):
+        raise OutletsError(f"{directory}: no summary.json; give an output directory of outlets bench-serving or "
+                           "outlets simulate (an interrupted run has none)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OutletsError(f"{path}: not valid JSON ({exc}); rerun the command that wrote it") from None
+    runs = summary.get("runs") if isinstance(summary, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise OutletsError(f"{path}: no 'runs' list; not a summary of outlets bench-serving or outlets simulate")
+    name = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(path))))
+    kind = summary.get("kind", "simulate")
+    rows = []
+    for index, row in enumerate(runs):
+        metrics = row.get("metrics") if isinstance(row, dict) else None
+        if not isinstance(metrics, dict) or any(not isinstance(metrics.get(c), dict) for c in ("all", "short", "long")):
+            raise OutletsError(f"{path}: runs[{index}] has no metrics for all/short/long; rerun the command that wrote it")
+        rows.append(RunRow(name, _label(row), kind, row))
+    return rows
+
+
+def _label(row: Dict) -> str:
+    if row.get("label"):
+        return str(row["label"])
+    parts = [f"{row['routing']} + {row['queue']}" if "routing" in row and "queue" in row else "",
+             f"{row['predictor']}" if "predictor" in row else "",
+             f"x{row['rate_scale']:g}" if isinstance(row.get("rate_scale"), (int, float)) else ""]
+    return ", ".join(part for part in parts if part) or "run"
+
+
+def _value(row: RunRow, cls: Optional[str], key: str) -> float:
+    from specforge_outlets.simulation.metrics import metric_value
+
+    source = row.row if cls is None else row.row["metrics"][cls]
+    if key == "failed" and key not in source:
+        return 0.0  # summaries written before failures were counted: the simulator never fails
+    try:
+        return metric_value(source.get(key))
+    except (TypeError, ValueError):
+        raise OutletsError(f"run {row.run} ({row.label}): {cls or 'row'}.{key} is not a number: {source.get(key)!r}") from None
+
+
+def markdown_table(rows: List[RunRow]) -> str:
+    from specforge_outlets.simulation.metrics import format_metric
+
+    policy_keys = [key for key in POLICY_KEYS if any(key in r.row for r in rows)]
+    header = ["run", "label", "kind"] + policy_keys + [column[0] for column in METRIC_COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r.run, r.label, r.kind] + [str(r.row.get(key, "–")) for key in policy_keys]
+        cells += [format_metric(_value(r, cls, key), fmt) for _, cls, key, fmt in METRIC_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[RunRow], path: str) -> None:
+    """Two panels of bars, one bar per row: short-request P99 e2e and output throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"{r.run}: {r.label}" for r in rows]
+    colours = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(r.run for r in rows))}
+    figure, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.5 * len(rows) + 4), 4.5))
+    for axis, (cls, key, title) in zip(axes, (("short", "e2e_p99_s", "short-request P99 e2e (s)"),
+                                               ("all", "throughput_tok_s", "output throughput (tok/s)"))):
+        values = [_value(r, cls, key) for r in rows]
+        finite = [v for v in values if math.isfinite(v)]
+        top = max(finite) if finite else 1.0
+        heights = [v if math.isfinite(v) else (top * 1.05 if math.isinf(v) else 0.0) for v in values]
+        bars = axis.bar(range(len(rows)), heights, color=[colours[r.run] for r in rows])
+        for bar, value in zip(bars, values):
+            if not math.isfinite(value):
+                bar.set_hatch("//")
+                bar.set_alpha(0.4)
+                axis.annotate("inf (failed)" if math.isinf(value) else "n/a", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                              ha="center", va="bottom", fontsize=7)
+        axis.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
+        axis.set_title(title)
+        axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _output_paths(output: str) -> Tuple[str, str]:
+    if output.endswith(".md"):
+        directory = os.path.dirname(output) or "."
+        os.makedirs(directory, exist_ok=True)
+        return output, output[: -len(".md")] + ".png"
+    if os.path.isfile(output):
+        raise OutletsError(f"--output {output} is a file; give a directory or a path ending in .md")
+    os.makedirs(output, exist_ok=True)
+    return os.path.join(output, "compare.md"), os.path.join(output, "compare.png")

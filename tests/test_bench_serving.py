@@ -1,0 +1,367 @@
+"""`outlets bench-serving` and `outlets compare-runs` against a stub streaming /generate server.
+
+The stub speaks SGLang's native streaming protocol (HTTP/1.1 chunked Server-Sent Events, cumulative
+``text`` and ``meta_info.completion_tokens``, ``data: [DONE]``) and decides from the prompt:
+``len=N`` -> N tokens (capped by max_new_tokens), ``drop`` -> the connection is cut after two
+tokens, ``truncate`` -> the body ends cleanly after two tokens but without ``[DONE]``, ``reset`` ->
+the connection is closed before any answer. ``ignore_eos`` -> exactly
+max_new_tokens. Every answer carries ``predicted_output_len`` = tokens + 0.5.
+"""
+
+import json
+import math
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from specforge_outlets.cli import main
+from specforge_outlets.simulation.metrics import json_safe, percentile, summarize_requests
+
+
+class StubGenerateServer:
+    def __init__(self, token_delay: float = 0.0, healthy: bool = True) -> None:
+        self.received = []  # (perf_counter at receipt, request body)
+        self.token_delay = token_delay
+        self.healthy = healthy
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # like uvicorn; small SSE writes are not held back
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                status = 200 if self.path == "/health" and server.healthy else 503
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.received.append((time.perf_counter(), body))
+                server.stream(self, body)
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # a burst connects at once; the default backlog of 5 drops SYNs (1 s retries)
+            daemon_threads = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def stream(self, handler, body) -> None:
+        text = body.get("text") or ""
+        params = body["sampling_params"]
+        limit = params["max_new_tokens"]
+        if "reset" in text:
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        match = re.search(r"len=(\d+)", text)
+        tokens = limit if params.get("ignore_eos") or not match else min(int(match.group(1)), limit)
+        prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(text.split())
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def chunk(data: str) -> None:
+            raw = data.encode()
+            handler.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            handler.wfile.flush()
+
+        for k in range(1, tokens + 1):
+            finish = None if k < tokens else {"type": "length" if tokens == limit else "stop"}
+            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": k, "finish_reason": finish,
+                    "predicted_output_len": tokens + 0.5}
+            chunk(f"data: {json.dumps({'text': 'w' * k, 'meta_info': meta})}\n\n")
+            if "drop" in text and k == min(2, tokens):
+                handler.close_connection = True
+                handler.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if "truncate" in text and k == min(2, tokens):
+                break
+            if self.token_delay:
+                time.sleep(self.token_delay)
+        if "truncate" not in text:
+            chunk("data: [DONE]\n\n")
+        handler.wfile.write(b"0\r\n\r\n")
+        handler.wfile.flush()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def stub():
+    with StubGenerateServer() as server:
+        yield server
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def bench(tmp_path, urls, *extra, name="run"):
+    argv = ["bench-serving", "--output", str(tmp_path / name)]
+    for url in urls:
+        argv += ["--base-url", url]
+    code = main(argv + list(extra))
+    out = tmp_path / name
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()] if summary else None
+    return code, summary, records
+
+
+# --- metrics with failures ------------------------------------------------------------------------
+def test_percentiles_with_failures_are_inf_never_nan():
+    values = np.array([1.0] * 197 + [np.inf] * 3)
+    assert percentile(values, 50) == 1.0 and percentile(values, 99) == math.inf
+    one_failure = np.array([1.0] * 199 + [np.inf])
+    assert percentile(one_failure, 99) == 1.0  # 0.5% failed: P99 still finite
+    assert percentile(np.array([np.inf, np.inf, 2.0]), 50) == math.inf  # np.percentile gives NaN here
+    assert percentile(np.array([1.0, 3.0]), 50) == pytest.approx(np.percentile([1.0, 3.0], 50))
+    assert math.isnan(percentile(np.array([]), 50))
+
+    metrics = summarize_requests(np.zeros(4), np.array([1.0, 1.0, np.nan, 1.0]), np.array([2.0, 3.0, 0.5, 4.0]),
+                                 np.array([10, 900, 0, 20]), class_lens=np.array([10, 900, 1000, 20]),
+                                 success=np.array([True, True, False, True]), short_threshold=800)
+    assert metrics["all"]["failed"] == 1 and metrics["long"]["failed"] == 1 and metrics["short"]["failed"] == 0
+    assert metrics["long"]["requests"] == 2 and metrics["long"]["e2e_p99_s"] == math.inf
+    assert metrics["short"]["e2e_p99_s"] == pytest.approx(np.percentile([2.0, 4.0], 99))
+    assert metrics["all"]["throughput_tok_s"] == pytest.approx(930 / 4.0)
+    assert "queue_p99_s" not in metrics["all"]
+    assert json_safe({"a": math.inf, "b": math.nan, "c": [np.float64(1.5)]}) == {"a": "inf", "b": None, "c": [1.5]}
+
+
+# --- bench-serving --------------------------------------------------------------------------------
+def test_burst_run_writes_summary_records_and_predictions(tmp_path, stub, capsys):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"question {i} len={i + 1}"} for i in range(6)])
+    code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                                   "--max-new-tokens", "4", "--short-threshold", "3")
+    assert code == 0 and "failed" not in capsys.readouterr().out
+    run = summary["runs"][0]
+    assert run["label"] == "run" and run["offered_rps"] == "inf"
+    assert summary["base_urls"] == [stub.url] and summary["num_requests"] == 6 and summary["short_threshold"] == 3
+    metrics = run["metrics"]
+    assert metrics["all"]["requests"] == 6 and metrics["all"]["failed"] == 0
+    assert metrics["short"]["requests"] == 2 and metrics["long"]["requests"] == 4  # 1, 2 tokens vs 3, 4, 4, 4
+    assert metrics["all"]["throughput_tok_s"] > 0 and 0 < metrics["all"]["ttft_p50_s"] <= metrics["all"]["e2e_p99_s"]
+    assert not any(key.startswith("queue") for key in metrics["all"])  # not observable from the client
+    by_id = {record["id"]: record for record in records}
+    assert by_id["p0"]["output_len"] == 1 and by_id["p0"]["finish_reason"] == "stop"
+    assert by_id["p5"]["output_len"] == 4 and by_id["p5"]["finish_reason"] == "length"
+    assert [by_id[f"p{i}"]["predicted_output_len"] for i in range(6)] == [1.5, 2.5, 3.5, 4.5, 4.5, 4.5]
+    assert all(record["success"] and record["url"] == stub.url and record["prompt_len"] == 3 for record in records)
+    assert {body["sampling_params"]["max_new_tokens"] for _, body in stub.received} == {4}
+    assert all(body["stream"] and "text" in body for _, body in stub.received)
+    assert "| all | 6 | 0 |" in (tmp_path / "run" / "summary.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["requests.jsonl", "summary.json", "summary.md"]
+
+
+def test_dropped_connections_are_counted_and_push_p99_to_inf(tmp_path, stub, capsys):
+    rows = [{"id": f"ok{i}", "prompt": f"fine len=2"} for i in range(7)]
+    rows += [{"id": "cut", "prompt": "please drop len=5", "output_length": 900},
+             {"id": "gone", "prompt": "reset now len=5"}, {"id": "short", "prompt": "truncate len=5"}]
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                                   "--max-new-tokens", "5")
+    out = capsys.readouterr().out
+    assert code == 0 and "WARNING: 3 of 10 requests failed" in out
+    metrics = summary["runs"][0]["metrics"]
+    assert metrics["all"]["requests"] == 10 and metrics["all"]["failed"] == 3
+    assert metrics["all"]["e2e_p99_s"] == "inf" and metrics["all"]["e2e_mean_s"] == "inf"
+    assert isinstance(metrics["all"]["e2e_p50_s"], float)  # the 7 successful requests still set the median
+    # the cut request got its first tokens; the reset one never did
+    assert metrics["long"]["requests"] == 1 and metrics["long"]["failed"] == 1  # classified by output_length 900
+    assert metrics["short"]["failed"] == 2 and metrics["short"]["ttft_p99_s"] == "inf"
+    assert metrics["all"]["throughput_tok_s"] > 0
+    failed = {record["id"]: record for record in records if not record["success"]}
+    assert set(failed) == {"cut", "gone", "short"} and all(record["error"] for record in failed.values())
+    assert failed["cut"]["output_len"] == 2 and failed["cut"]["ttft_s"] is not None and failed["gone"]["ttft_s"] is None
+    assert "without [DONE] after 2 token(s)" in failed["short"]["error"]
+    markdown = (tmp_path / "run" / "summary.md").read_text()
+    assert "| all | 10 | 3 |" in markdown and "inf" in markdown and "3 of 10 requests failed" in markdown
+
+
+def test_every_request_failing_exits_nonzero_with_records(tmp_path, stub, capsys):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "reset"}, {"prompt": "reset again"}])
+    code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts")
+    assert code == 1 and summary["runs"][0]["metrics"]["all"]["failed"] == 2 and len(records) == 2
+    assert summary["runs"][0]["metrics"]["all"]["e2e_p50_s"] == "inf"
+
+
+def test_timeout_counts_as_failure(tmp_path):
+    with StubGenerateServer(token_delay=0.4) as slow:  # answers: 0.4 s and 2 s
+        dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a len=1"}, {"prompt": "b len=5"}])
+        code, summary, records = bench(tmp_path, [slow.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                                       "--timeout", "1.2")
+    assert code == 0 and summary["runs"][0]["metrics"]["all"]["failed"] == 1
+    assert [record["success"] for record in records] == [True, False] and "timeout" in records[1]["error"]
+
+
+def test_trace_replay_honours_arrival_times_rate_scale_and_lengths(tmp_path, stub):
+    trace = write_jsonl(tmp_path / "t.jsonl", [{"id": "a", "timestamp": 10.0, "input_length": 7, "output_length": 3},
+                                               {"id": "b", "timestamp": 10.6, "input_length": 5, "output_length": 2},
+                                               {"id": "c", "timestamp": 11.2, "input_length": 9, "output_length": 4}])
+    code, summary, records = bench(tmp_path, [stub.url], "--trace", trace, "--rate-scale", "2", "--short-threshold", "3")
+    assert code == 0
+    received = [t for t, _ in stub.received]
+    gaps = np.diff(received)
+    assert np.all(np.abs(gaps - 0.3) < 0.15), gaps  # 0.6 s apart in the trace, replayed twice as fast
+    assert [record["scheduled_s"] for record in records] == pytest.approx([0.0, 0.3, 0.6])
+    assert np.diff([record["sent_s"] for record in records]) == pytest.approx([0.3, 0.3], abs=0.15)
+    assert summary["runs"][0]["offered_rps"] == pytest.approx(3 / 0.6)
+    assert summary["source"]["kind"] == "trace" and summary["rate_scale"] == 2
+    bodies = [body for _, body in stub.received]
+    assert [len(body["input_ids"]) for body in bodies] == [7, 5, 9]
+    assert all(1000 <= i < 5000 for body in bodies for i in body["input_ids"])
+    assert [body["sampling_params"]["max_new_tokens"] for body in bodies] == [3, 2, 4]
+    assert all(body["sampling_params"]["ignore_eos"] for body in bodies)
+    assert [record["output_len"] for record in records] == [3, 2, 4]
+    metrics = summary["runs"][0]["metrics"]
+    assert (metrics["short"]["requests"], metrics["long"]["requests"]) == (1, 2)
+
+
+def test_poisson_rate_spreads_dataset_arrivals(tmp_path, stub):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i} len=1"} for i in range(5)])
+    code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "20", "--raw-prompts")
+    scheduled = [record["scheduled_s"] for record in records]
+    gaps = np.random.default_rng(0).exponential(1 / 20, size=5)
+    assert code == 0 and scheduled == pytest.approx(list(np.cumsum(gaps) - gaps[0]))
+    assert summary["rate"] == 20 and summary["runs"][0]["offered_rps"] == 20
+
+
+def test_two_base_urls_alternate(tmp_path):
+    with StubGenerateServer() as first, StubGenerateServer() as second:
+        dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i} len=1"} for i in range(5)])
+        code, summary, records = bench(tmp_path, [first.url, second.url + "/"], "--dataset", dataset, "--rate", "inf",
+                                       "--raw-prompts", "--max-concurrency", "2")
+    assert code == 0 and (len(first.received), len(second.received)) == (3, 2)
+    assert [record["url"] for record in records] == [first.url, second.url] * 2 + [first.url]
+    assert summary["base_urls"] == [first.url, second.url]
+
+
+def test_chat_template_prompts_are_sent_as_token_ids(tmp_path, stub):
+    from tests.data_fixtures import make_chat_tokenizer
+
+    tokenizer = make_chat_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    dataset = write_jsonl(tmp_path / "d.jsonl", [
+        {"id": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]},
+        {"id": "s", "conversations": [{"from": "human", "value": "the quick brown fox"}], "output_length": 7},
+    ])
+    code, _, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--tokenizer", str(tmp_path / "tok"))
+    assert code == 0
+    expected = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False) for text in ("hello world", "the quick brown fox")]
+    sent = sorted((body["input_ids"] for _, body in stub.received), key=len)
+    assert [tokenizer.decode(ids) for ids in sent] == sorted(expected, key=len)
+    assert {record["expected_output_len"] for record in records} == {256, 7}
+
+
+# --- bad input ------------------------------------------------------------------------------------
+def test_bad_dataset_rows_are_named_skipped_and_counted(tmp_path, stub, capsys):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [
+        {"id": "good", "prompt": "fine len=1"}, "{not json", {"id": "empty", "prompt": ""},
+        {"id": "nouser", "messages": [{"role": "assistant", "content": "hi"}]},
+        {"id": "badlen", "prompt": "x", "output_length": -3}, {"id": "good", "prompt": "dup"},
+    ])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts")
+    out = capsys.readouterr().out
+    assert code == 0 and summary["num_requests"] == 1 and summary["skipped_rows"] == 5
+    assert "skipping 5 bad row(s)" in out and f"{dataset}:2: malformed JSON" in out
+    assert "(id empty): prompt must be a non-empty string" in out and "(id nouser): no user turn" in out
+    assert "(id badlen): output_length must be a positive integer" in out and "(id good): duplicate id" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rate", "0", "--raw-prompts"], "--rate must be a positive number"),
+    (["--rate", "-2", "--raw-prompts"], "--rate must be a positive number"),
+    (["--raw-prompts"], "--dataset needs --rate"),
+    (["--rate", "5"], "--tokenizer DIR"),
+    (["--rate", "5", "--tokenizer", "/nonexistent/tok"], "--tokenizer /nonexistent/tok: no such directory"),
+    (["--rate", "5", "--raw-prompts", "--max-concurrency", "0"], "--max-concurrency must be at least 1"),
+    (["--rate", "5", "--raw-prompts", "--num-requests", "0"], "--num-requests must be at least 1"),
+    (["--rate", "5", "--raw-prompts", "--rate-scale", "2"], "--rate-scale is for --trace"),
+])
+def test_bad_arguments_are_refused_without_traceback(tmp_path, stub, capsys, extra, message):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x"}])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, *extra)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err and summary is None and not stub.received
+
+
+def test_unusable_inputs_and_servers_are_named(tmp_path, stub, capsys):
+    empty = write_jsonl(tmp_path / "e.jsonl", [{"id": "x", "text": "no prompt field"}])
+    trace = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 3, "output_length": 2}])
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: connection refused
+    with StubGenerateServer(healthy=False) as sick:
+        cases = [
+            ([stub.url], ["--dataset", empty, "--rate", "1", "--raw-prompts"], f"dataset {empty}: no usable prompt"),
+            ([stub.url], ["--dataset", str(tmp_path / "missing.jsonl"), "--rate", "1", "--raw-prompts"], "no such file"),
+            ([stub.url], ["--trace", trace, "--rate", "3"], "--rate is for --dataset"),
+            ([stub.url, dead_url], ["--trace", trace], f"--base-url {dead_url}: server not reachable"),
+            ([sick.url], ["--trace", trace], f"--base-url {sick.url}: GET {sick.url}/health answered HTTP 503"),
+        ]
+        for urls, extra, message in cases:
+            code, summary, _ = bench(tmp_path, urls, *extra)
+            err = capsys.readouterr().err
+            assert code == 2 and message in err and "Traceback" not in err and summary is None, (extra, err)
+    closed.close()
+    assert not stub.received
+
+
+# --- compare-runs ---------------------------------------------------------------------------------
+def test_compare_runs_puts_a_bench_run_next_to_a_simulation(tmp_path, stub, capsys):
+    rows = [{"id": f"ok{i}", "prompt": f"fine len={1 + i % 3}"} for i in range(6)] + [{"id": "cut", "prompt": "drop len=4"}]
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts", "--label", "real-fcfs",
+                       name="bench")
+    assert code == 0
+    trace = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": i * 0.1, "input_length": 100 + 50 * (i % 4),
+                                                "output_length": 20 + 300 * (i % 5)} for i in range(40)])
+    assert main(["simulate", "--trace", trace, "--config", "recipes/cluster-h100-1p3d.yaml", "--output",
+                 str(tmp_path / "sim"), "--routing", "round-robin", "--queue", "fcfs", "sjf", "--no-controlled-study"]) == 0
+    sim_summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert sim_summary["runs"][0]["metrics"]["all"]["failed"] == 0
+
+    assert main(["compare-runs", str(tmp_path / "bench"), str(tmp_path / "sim"), "--output", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| run | label | kind | study | routing | queue | predictor | rate_scale |")
+    assert len(lines) == 1 + 1 + 2  # header, the bench run, two simulated policies
+    bench_line = next(line for line in lines if "real-fcfs" in line)
+    assert bench_line.rstrip(" |").endswith("| 1") and "| inf |" in bench_line  # 1 of 7 failed: all P99 inf
+    assert "round-robin + sjf" in table and "| simulate | policies | round-robin | sjf |" in table
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
+
+    assert main(["compare-runs", str(tmp_path / "sim"), "--output", str(tmp_path / "one" / "table.md")]) == 0
+    assert (tmp_path / "one" / "table.png").stat().st_size > 0
+
+
+def test_compare_runs_names_a_missing_or_malformed_summary(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text('{"runs": [')
+    (tmp_path / "norows").mkdir()
+    (tmp_path / "norows" / "summary.json").write_text('{"runs": [{"label": "x", "metrics": {"all": {}}}]}')
+    for name, message in (("empty", "no summary.json"), ("broken", "not valid JSON"), ("norows", "runs[0] has no metrics")):
+        code = main(["compare-runs", str(tmp_path / name), "--output", str(tmp_path / "cmp")])
+        err = capsys.readouterr().err
+        assert code == 2 and str(tmp_path / name) in err and message in err and "Traceback" not in err
