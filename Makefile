@@ -13,7 +13,8 @@ SERVE_VENV ?= .venv-serve
 SERVE_PY := $(SERVE_VENV)/bin/python
 SERVE_PIP := $(SERVE_PY) -m pip --disable-pip-version-check -q
 SERVE_STAMP := $(SERVE_VENV)/.outlets-serve-installed
-SERVE_TESTS := tests/test_sglang_plugin.py tests/test_sglang_server.py tests/test_sglang_dp.py tests/test_sglang_predictor.py
+SERVE_TESTS := tests/test_sglang_plugin.py tests/test_sglang_server.py tests/test_sglang_dp.py tests/test_sglang_predictor.py \
+	tests/test_sglang_eagle3_draft.py
 
 .PHONY: install serve-env demo test test-serve clean
 
