@@ -365,3 +365,17 @@ def test_compare_runs_names_a_missing_or_malformed_summary(tmp_path, capsys):
         code = main(["compare-runs", str(tmp_path / name), "--output", str(tmp_path / "cmp")])
         err = capsys.readouterr().err
         assert code == 2 and str(tmp_path / name) in err and message in err and "Traceback" not in err
+
+
+def test_fixed_output_len_sends_each_rows_length_with_ignore_eos(tmp_path, stub, capsys):
+    rows = [{"id": "a", "prompt": "qa len=9", "output_length": 3}, {"id": "b", "prompt": "qb len=9", "output_length": 2},
+            {"id": "c", "prompt": "qc len=9"}]
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                                   "--fixed-output-len", "--max-new-tokens", "8")
+    assert code == 0 and "(id c): no output_length" in capsys.readouterr().out
+    sent = {body["text"]: body["sampling_params"] for _, body in stub.received}
+    assert sent == {"qa len=9": {"max_new_tokens": 3, "temperature": 0.7, "ignore_eos": True},
+                    "qb len=9": {"max_new_tokens": 2, "temperature": 0.7, "ignore_eos": True}}
+    assert {record["id"]: record["output_len"] for record in records} == {"a": 3, "b": 2}
+    assert summary["skipped_rows"] == 1 and summary["source"]["output_len"].startswith("dataset output_length")

@@ -52,6 +52,9 @@ def register(subparsers) -> None:
                                             "token ids), vocabulary for trace prompts")
     parser.add_argument("--raw-prompts", action="store_true", help="--dataset: send prompts as text, no chat template")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="--dataset: per request (default 256)")
+    parser.add_argument("--fixed-output-len", action="store_true",
+                        help="--dataset: generate exactly each row's output_length (ignore_eos), so that runs under "
+                             "different policies do the same work")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
@@ -71,7 +74,7 @@ def run(args) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.dataset:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
-                                         args.num_requests, args.seed)
+                                         args.num_requests, args.seed, fixed_output_len=args.fixed_output_len)
     else:
         workload = load_trace_workload(args.trace, args.rate_scale, tokenizer, args.num_requests, args.seed)
     for url in urls:
@@ -135,6 +138,8 @@ def _validate(args) -> None:
             raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")
         if args.raw_prompts:
             raise OutletsError("--raw-prompts is for --dataset; trace prompts are synthetic token ids")
+        if args.fixed_output_len:
+            raise OutletsError("--fixed-output-len is for --dataset; a trace request always generates its output_length")
     checks = (
         (args.num_requests is None or args.num_requests >= 1, f"--num-requests must be at least 1, got {args.num_requests}"),
         (args.short_threshold >= 1, f"--short-threshold must be at least 1, got {args.short_threshold}"),

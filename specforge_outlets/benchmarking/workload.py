@@ -94,8 +94,14 @@ def load_dataset_workload(
     num_requests: Optional[int] = None,
     seed: int = 0,
     warn=print,
+    fixed_output_len: bool = False,
 ) -> Workload:
-    """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted."""
+    """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted.
+
+    ``fixed_output_len``: each request generates exactly its row's ``output_length`` (``ignore_eos``),
+    as SGLang's benchmark does with ShareGPT, so that runs under different policies do the same work
+    and compare request by request; rows without ``output_length`` are refused.
+    """
     if not os.path.isfile(path):
         raise OutletsError(f"dataset {path}: no such file")
     if not math.isinf(rate_rps):
@@ -113,6 +119,8 @@ def load_dataset_workload(
         prompt, problem = _prompt_of(row)
         if problem is None:
             expected, problem = _output_length_of(row, max_new_tokens)
+        if problem is None and fixed_output_len and "output_length" not in row:
+            problem = "no output_length (needed by --fixed-output-len); add it or drop the flag"
         if problem is None and str(row.get("id", line_number)) in seen_ids:
             problem = "duplicate id; give each row its own id"
         if problem is not None:
@@ -132,8 +140,10 @@ def load_dataset_workload(
             content = {"text": prompt}
         else:
             content = {"input_ids": tuple(_chat_ids(tokenizer, prompt))}
-        requests.append(BenchRequest(request_id, float(arrival), max_new_tokens, expected, **content))
-    source = {"kind": "dataset", "path": path, "prompts": "raw text" if tokenizer is None else "chat template, token ids"}
+        budget = expected if fixed_output_len else max_new_tokens
+        requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len, **content))
+    source = {"kind": "dataset", "path": path, "prompts": "raw text" if tokenizer is None else "chat template, token ids",
+              "output_len": "dataset output_length (ignore_eos)" if fixed_output_len else "until end of turn or max_new_tokens"}
     return Workload(source, requests, rate_rps, skipped_rows=len(problems))
 
 
