@@ -379,3 +379,15 @@ def test_fixed_output_len_sends_each_rows_length_with_ignore_eos(tmp_path, stub,
                     "qb len=9": {"max_new_tokens": 2, "temperature": 0.7, "ignore_eos": True}}
     assert {record["id"]: record["output_len"] for record in records} == {"a": 3, "b": 2}
     assert summary["skipped_rows"] == 1 and summary["source"]["output_len"].startswith("dataset output_length")
+
+
+def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, capsys):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "qa", "output_length": 3}])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--fixed-output-len", "--oracle-prediction")
+    assert code == 0 and summary["oracle_prediction"] is True
+    assert [body["sampling_params"]["custom_params"] for _, body in stub.received] == [
+        {"outlets_predicted_output_len": 3.0}]
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--oracle-prediction", name="refused")
+    assert code == 2 and "--oracle-prediction needs --fixed-output-len" in capsys.readouterr().err

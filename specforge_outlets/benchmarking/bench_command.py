@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     parser.add_argument("--fixed-output-len", action="store_true",
                         help="--dataset: generate exactly each row's output_length (ignore_eos), so that runs under "
                              "different policies do the same work")
+    parser.add_argument("--oracle-prediction", action="store_true",
+                        help="with --fixed-output-len: send each request's exact length as its prediction "
+                             "(custom_params.outlets_predicted_output_len), the oracle upper bound")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
@@ -74,7 +77,8 @@ def run(args) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.dataset:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
-                                         args.num_requests, args.seed, fixed_output_len=args.fixed_output_len)
+                                         args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
+                                         oracle_prediction=args.oracle_prediction)
     else:
         workload = load_trace_workload(args.trace, args.rate_scale, tokenizer, args.num_requests, args.seed)
     for url in urls:
@@ -106,6 +110,7 @@ def run(args) -> int:
         "max_concurrency": args.max_concurrency,
         "timeout_s": args.timeout,
         "seed": args.seed,
+        "oracle_prediction": args.oracle_prediction,
         "started_at": started_at,
         "duration_s": duration_s,
     }
@@ -133,6 +138,8 @@ def _validate(args) -> None:
             raise OutletsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
         if args.rate_scale != 1.0:
             raise OutletsError("--rate-scale is for --trace; set the dataset's arrival rate with --rate")
+        if args.oracle_prediction and not args.fixed_output_len:
+            raise OutletsError("--oracle-prediction needs --fixed-output-len (only then is the length known exactly)")
     else:
         if args.rate is not None:
             raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")

@@ -29,6 +29,8 @@ from specforge_outlets.benchmarking.workload import BenchRequest
 
 # The plugin's key (sglang_patches/settings.py META_INFO_KEY); read, never required.
 PREDICTION_KEY = "predicted_output_len"
+# The plugin's per-request external prediction (sglang_patches/predictions.py ATTR_PREDICTION).
+PREDICTION_PARAM = "outlets_predicted_output_len"
 MAX_ERROR_CHARS = 300
 
 
@@ -69,6 +71,8 @@ def generate_payload(request: BenchRequest, sampling: SamplingSettings) -> Dict[
         params["top_p"] = sampling.top_p
     if request.ignore_eos:
         params["ignore_eos"] = True
+    if request.prediction is not None:
+        params["custom_params"] = {PREDICTION_PARAM: request.prediction}
     prompt = {"text": request.text} if request.input_ids is None else {"input_ids": list(request.input_ids)}
     return {**prompt, "sampling_params": params, "stream": True}
 

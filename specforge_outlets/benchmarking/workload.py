@@ -47,6 +47,7 @@ class BenchRequest:
     text: Optional[str] = None  # exactly one of text / input_ids
     input_ids: Optional[Tuple[int, ...]] = None
     ignore_eos: bool = False
+    prediction: Optional[float] = None  # sent to the plugin as an external prediction (--oracle-prediction)
 
     @property
     def prompt_len(self) -> Optional[int]:
@@ -95,12 +96,15 @@ def load_dataset_workload(
     seed: int = 0,
     warn=print,
     fixed_output_len: bool = False,
+    oracle_prediction: bool = False,
 ) -> Workload:
     """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted.
 
     ``fixed_output_len``: each request generates exactly its row's ``output_length`` (``ignore_eos``),
     as SGLang's benchmark does with ShareGPT, so that runs under different policies do the same work
-    and compare request by request; rows without ``output_length`` are refused.
+    and compare request by request; rows without ``output_length`` are refused. ``oracle_prediction``
+    (with ``fixed_output_len``): the exact length goes to the server as the request's prediction, the
+    upper bound any predictor can reach.
     """
     if not os.path.isfile(path):
         raise OutletsError(f"dataset {path}: no such file")
@@ -141,7 +145,8 @@ def load_dataset_workload(
         else:
             content = {"input_ids": tuple(_chat_ids(tokenizer, prompt))}
         budget = expected if fixed_output_len else max_new_tokens
-        requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len, **content))
+        requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len,
+                                     prediction=float(expected) if oracle_prediction else None, **content))
     source = {"kind": "dataset", "path": path, "prompts": "raw text" if tokenizer is None else "chat template, token ids",
               "output_len": "dataset output_length (ignore_eos)" if fixed_output_len else "until end of turn or max_new_tokens"}
     return Workload(source, requests, rate_rps, skipped_rows=len(problems))
