@@ -48,11 +48,11 @@ class SGLangServer:
     """``with SGLangServer(model, ["--schedule-policy", "outlets"]) as server: server.generate(...)``"""
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
-                 log_path: Optional[str] = None) -> None:
+                 log_path: Optional[str] = None, python: str = sys.executable) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
-            sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+            python, "-m", "sglang.launch_server", "--model-path", model_path,
             "--device", "cpu", "--attention-backend", "torch_native", "--host", "127.0.0.1",
             "--port", str(self.port), "--max-total-tokens", "4096", "--skip-server-warmup",
             # an idle scheduler sleeps instead of polling, so servers kept for later tests leave
