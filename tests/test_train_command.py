@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -138,6 +139,21 @@ def test_features_without_labels_are_refused(capsys, tiny_target, tiny_features,
     torch.save(features, tmp_path / "f" / "a.ckpt")
     recipe = write_recipe(str(tmp_path / "r.yaml"), tiny_target, str(tmp_path / "f"), str(tmp_path / "o"))
     assert "no 'remaining_length' tensor" in refused(capsys, recipe)
+
+
+def test_target_without_weight_index_is_refused_and_the_fix_works(capsys, tiny_target, tiny_features, tmp_path):
+    from specforge_outlets.model.weight_index import read_index, read_weight_map, write_weight_index
+
+    target = str(tmp_path / "target")
+    shutil.copytree(tiny_target, target)
+    os.remove(os.path.join(target, "model.safetensors.index.json"))
+    assert read_index(target) is None
+    assert read_weight_map(target)["model.embed_tokens.weight"] == "model.safetensors"  # scanned instead
+    recipe = write_recipe(str(tmp_path / "r.yaml"), target, tiny_features, str(tmp_path / "o"))
+    err = refused(capsys, recipe)
+    assert "has no *.index.json" in err and f"python -m specforge_outlets.model.weight_index {target}" in err
+    write_weight_index(target)
+    assert read_index(target) == read_weight_map(target)
 
 
 def test_cpu_fsdp_sharding_is_refused(capsys, recipe):

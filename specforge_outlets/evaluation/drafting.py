@@ -23,24 +23,15 @@ def load_target_head(target_path: str):
     Sharded (``*.index.json``) and single-file checkpoints both work; a target with tied
     embeddings (no ``lm_head.weight``) uses its token embedding, as it does when generating.
     """
-    import glob
-    import json
     import os
 
     from safetensors import safe_open
     from specforge.modeling.target.target_head import TargetHead
 
     from specforge_outlets.errors import OutletsError
+    from specforge_outlets.model.weight_index import read_weight_map
 
-    weight_map = {}
-    indexes = glob.glob(os.path.join(target_path, "*.safetensors.index.json"))
-    if indexes:
-        with open(indexes[0], encoding="utf-8") as handle:
-            weight_map = json.load(handle)["weight_map"]
-    else:
-        for path in glob.glob(os.path.join(target_path, "*.safetensors")):
-            with safe_open(path, framework="pt") as f:
-                weight_map.update({key: os.path.basename(path) for key in f.keys()})
+    weight_map = read_weight_map(target_path)
     key = next((k for k in ("lm_head.weight", "model.embed_tokens.weight") if k in weight_map), None)
     if key is None:
         raise OutletsError(f"--target {target_path}: no lm_head.weight or model.embed_tokens.weight in its safetensors")

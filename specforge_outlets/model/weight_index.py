@@ -7,9 +7,11 @@ exactly as before.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
+from typing import Dict, Optional
 
 from safetensors import safe_open
 
@@ -29,6 +31,27 @@ def write_weight_index(directory: str) -> str:
         json.dump(index, f, indent=2)
     os.replace(tmp, path)
     return path
+
+
+def read_index(directory: str) -> Optional[Dict[str, str]]:
+    """Tensor name -> file from the directory's ``*.index.json``; None when it has none."""
+    indexes = sorted(glob.glob(os.path.join(directory, "*.index.json")))
+    if not indexes:
+        return None
+    with open(indexes[0], encoding="utf-8") as f:
+        return json.load(f)["weight_map"]
+
+
+def read_weight_map(directory: str) -> Dict[str, str]:
+    """Tensor name -> file: the index when there is one, else the keys of every ``*.safetensors``."""
+    weight_map = read_index(directory)
+    if weight_map is not None:
+        return weight_map
+    weight_map = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with safe_open(path, framework="pt") as f:
+            weight_map.update({key: os.path.basename(path) for key in f.keys()})
+    return weight_map
 
 
 if __name__ == "__main__":

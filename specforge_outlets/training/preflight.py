@@ -46,21 +46,19 @@ def _check_device(cfg) -> None:
 
 def _check_target_weights(cfg) -> None:
     """SpecForge loads the frozen target head and embedding by key through the weight index."""
-    from specforge_outlets.model.weight_index import INDEX_FILE
+    from specforge_outlets.model.weight_index import INDEX_FILE, read_index
 
     target = cfg.model.target_model_path
     if not os.path.isdir(target):
         if target.startswith((os.sep, ".", "~")) or os.sep in target.strip(os.sep).replace("/", "", 1):
             raise OutletsError(f"model.target_model_path={target} is not a directory")
         return  # a hub name: SpecForge downloads a sharded checkpoint with its index
-    indexes = [name for name in os.listdir(target) if name.endswith(".index.json")]
-    if not indexes:
+    weight_map = read_index(target)
+    if weight_map is None:
         raise OutletsError(
             f"model.target_model_path={target} has no *.index.json, which SpecForge's target head "
             f"needs; write {INDEX_FILE} with `python -m specforge_outlets.model.weight_index {target}`"
         )
-    with open(os.path.join(target, indexes[0])) as f:
-        weight_map = json.load(f)["weight_map"]
     for field in ("lm_head_key", "embedding_key"):
         key = getattr(cfg.model, field)
         if key not in weight_map:
