@@ -3,13 +3,16 @@
 Plain SJF by predicted length helps the mean but can blow up the P99 of a length class under
 overload or with noisy predictions. This sweep measures candidate keys before one goes into the
 shared scheduling core (specforge_outlets/scheduling/keys.py). Every key is static per request
-(computed when the request joins a waiting queue), so a heap holds it, as in the core:
+(computed when the request joins a waiting queue), so a heap holds it, as in the core. D = age of
+the request that joined the same queue first among those still waiting, when this one joins.
+Requests without a prediction yet (the prefill queues: OUTLETS predicts at prefill) stay in
+arrival order under every key. The baseline is the FCFS queue with the same (least-predicted-work)
+routing:
 
 - ``sjf``: predicted remaining length R (plain SJF, no aging).
 - ``sjf-aged``: R + 10 * arrival (the core's current default: 10 tokens of R per second waited).
-- ``hol-window``: arrival + D * min(R / 800, 1), D = age of the oldest request waiting in that queue
-  when this one joins: a request can only be overtaken by requests arriving within D after it, so
-  its extra wait scales with the FCFS wait it faces anyway.
+- ``hol-window``: arrival + D * min(R / 800, 1): a request can only be overtaken by requests
+  arriving within D after it, so its extra wait scales with the FCFS wait it faces anyway.
 - ``class-offset``: arrival + 5 s if R >= 800 (predicted long) else arrival: FCFS within a class,
   predicted-long requests held back by a fixed 5 s.
 - ``class-hol``: arrival + 0.1 * D if R >= 800 else arrival.
@@ -78,8 +81,11 @@ class CandidateQueue(RequestQueue):
         return now - self.by_arrival[0].arrival_time if self.by_arrival else 0.0
 
     def add_request(self, request) -> None:
-        remaining = predicted_remaining(request.predicted_output_len, request.num_generated_tokens, PRIOR)
-        value = self.key(remaining, request.arrival_time, self._oldest_age(request.enqueue_time))
+        if request.predicted_output_len is None:  # prefill queues (prediction at prefill): FCFS for every key
+            value = request.arrival_time
+        else:
+            remaining = predicted_remaining(request.predicted_output_len, request.num_generated_tokens, PRIOR)
+            value = self.key(remaining, request.arrival_time, self._oldest_age(request.enqueue_time))
         heapq.heappush(self.heap, ((value, request.arrival_time), next(self.counter), request))
         self.by_arrival.append(request)
         self.waiting.add(id(request))

@@ -279,13 +279,15 @@ def test_bad_dataset_rows_are_named_skipped_and_counted(tmp_path, stub, capsys):
         {"id": "good", "prompt": "fine len=1"}, "{not json", {"id": "empty", "prompt": ""},
         {"id": "nouser", "messages": [{"role": "assistant", "content": "hi"}]},
         {"id": "badlen", "prompt": "x", "output_length": -3}, {"id": "good", "prompt": "dup"},
+        '{"id": "nanlen", "prompt": "x", "output_length": NaN}',
     ])
     code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts")
     out = capsys.readouterr().out
-    assert code == 0 and summary["num_requests"] == 1 and summary["skipped_rows"] == 5
-    assert "skipping 5 bad row(s)" in out and f"{dataset}:2: malformed JSON" in out
+    assert code == 0 and summary["num_requests"] == 1 and summary["skipped_rows"] == 6
+    assert "skipping 6 bad row(s)" in out and f"{dataset}:2: malformed JSON" in out
     assert "(id empty): prompt must be a non-empty string" in out and "(id nouser): no user turn" in out
     assert "(id badlen): output_length must be a positive integer" in out and "(id good): duplicate id" in out
+    assert "... and 1 more" in out  # the NaN length: skipped and counted, not a crash
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -316,6 +318,9 @@ def test_unusable_inputs_and_servers_are_named(tmp_path, stub, capsys):
             ([stub.url], ["--dataset", empty, "--rate", "1", "--raw-prompts"], f"dataset {empty}: no usable prompt"),
             ([stub.url], ["--dataset", str(tmp_path / "missing.jsonl"), "--rate", "1", "--raw-prompts"], "no such file"),
             ([stub.url], ["--trace", trace, "--rate", "3"], "--rate is for --dataset"),
+            ([stub.url], ["--trace", trace, "--oracle-prediction"], "--oracle-prediction are for --dataset"),
+            ([stub.url], ["--dataset", write_jsonl(tmp_path / "blank.jsonl", ["", "  "]), "--rate", "1", "--raw-prompts"],
+             "no rows"),
             ([stub.url, dead_url], ["--trace", trace], f"--base-url {dead_url}: server not reachable"),
             ([sick.url], ["--trace", trace], f"--base-url {sick.url}: GET {sick.url}/health answered HTTP 503"),
         ]

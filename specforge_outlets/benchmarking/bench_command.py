@@ -74,7 +74,7 @@ def run(args) -> int:
 
     _validate(args)
     urls = [url.rstrip("/") for url in args.base_url]
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer and not args.raw_prompts else None
     if args.dataset:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
                                          args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
@@ -145,8 +145,9 @@ def _validate(args) -> None:
             raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")
         if args.raw_prompts:
             raise OutletsError("--raw-prompts is for --dataset; trace prompts are synthetic token ids")
-        if args.fixed_output_len:
-            raise OutletsError("--fixed-output-len is for --dataset; a trace request always generates its output_length")
+        if args.fixed_output_len or args.oracle_prediction:
+            raise OutletsError("--fixed-output-len and --oracle-prediction are for --dataset; a trace request always "
+                               "generates its output_length")
     checks = (
         (args.num_requests is None or args.num_requests >= 1, f"--num-requests must be at least 1, got {args.num_requests}"),
         (args.short_threshold >= 1, f"--short-threshold must be at least 1, got {args.short_threshold}"),
@@ -213,8 +214,8 @@ def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, floa
     e2e = np.array([record.e2e_s for record in records], dtype=np.float64)
     success = np.array([record.success for record in records], dtype=bool)
     outputs = np.array([record.output_len for record in records], dtype=np.float64)
-    # A request that did not finish is classified by the length it was expected to reach.
-    class_lens = np.where(success, outputs, [record.expected_output_len for record in records])
+    # A request that did not finish is classified by the length it was expected to reach (or had already passed).
+    class_lens = np.where(success, outputs, np.maximum(outputs, [record.expected_output_len for record in records]))
     return summarize_requests(sent, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
                               short_threshold=short_threshold)
 

@@ -99,6 +99,8 @@ async def send_request(
         record.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     except _Failed as exc:
         record.error = str(exc)[:MAX_ERROR_CHARS]
+    except Exception as exc:  # a malformed event fails this request only, never the whole run
+        record.error = f"unreadable response: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     record.e2e_s = time.perf_counter() - sent
     record.success = not record.error
     return record

@@ -134,6 +134,8 @@ def load_dataset_workload(
         seen_ids.add(request_id)
         prompts.append((request_id, prompt, expected))
     _report_skipped(path, problems, usable=len(prompts), warn=warn)
+    if not prompts:
+        raise OutletsError(f"dataset {path}: no rows; give a JSONL with one prompt per line")
     if num_requests is not None and len(prompts) < num_requests:
         warn(f"warning: dataset {path} has only {len(prompts)} usable prompt(s); --num-requests {num_requests} asked for more")
 
@@ -212,7 +214,8 @@ def _output_length_of(row: Dict, default: int) -> Tuple[int, Optional[str]]:
     if "output_length" not in row:
         return default, None
     value = row["output_length"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < 1):
         return default, f"output_length must be a positive integer, got {value!r}; fix it or drop the field"
     return int(value), None
 
