@@ -181,8 +181,14 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
 
     # -- weights ----------------------------------------------------------------------------------------
     def expected_export_weights(self) -> List[str]:
-        """The tensor names an `outlets export` of this config must contain (d2t/t2d are optional)."""
+        """The tensor names an `outlets export` of this config must contain.
+
+        ``d2t`` (draft -> target token ids) is required when the draft vocabulary is smaller than the
+        target's: without it every drafted id would be read as a target id."""
         names = ["fc.weight", "norm.weight", *_STOCK_LAYER_WEIGHTS]
+        draft_vocab = getattr(self.config, "draft_vocab_size", None)
+        if draft_vocab is not None and int(draft_vocab) < int(self.config.vocab_size):
+            names.append("d2t")
         if self.model.fc_norm is not None:
             names += [f"fc_norm.{i}.weight" for i in range(len(self.model.fc_norm))]
         if not self.config.tie_word_embeddings and not self.load_lm_head_from_target:
@@ -244,9 +250,11 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
     def length_log_remaining(self, states: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [...] z = log(1 + predicted remaining tokens), float32.
 
-        ``states`` is what the head was trained on: for ``head_input: draft`` (the default) the
-        final-normed draft state, i.e. the ``hidden_states`` the LM head reads (the first output of
-        ``self.model(...)``); for ``head_input: fused`` the ``fc`` projection of the target features.
+        ``states`` must be what the head was trained on, the state the LM head reads
+        (``specforge_outlets.model.draft.normalized_state``): for ``head_input: draft`` (the default,
+        with SpecForge's ``norm_output``) the final-normed draft state, i.e. the first output of
+        ``self.model(...)``; for ``head_input: fused`` the ``fc`` projection of the target features,
+        normed the same way. Not yet called during speculation (see docs/serving.md, EAGLE-3 mode).
         """
         return self.length_head(states.to(self.length_head.mlp[0].weight.dtype))
 

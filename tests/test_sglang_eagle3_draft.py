@@ -284,7 +284,7 @@ def test_ungated_export_has_no_gate(sglang_cpu, tmp_path):
     torch.testing.assert_close(normed, rms_norm(states, reference.w["norm.weight"]), rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("case", ["no-length-head", "no-gate", "gate-but-ungated-config"])
+@pytest.mark.parametrize("case", ["no-length-head", "no-gate", "gate-but-ungated-config", "no-d2t"])
 def test_malformed_export_is_refused_with_a_clear_error(sglang_cpu, tmp_path, case):
     from sglang_patches.eagle3_draft import OutletsDraftError
 
@@ -297,6 +297,9 @@ def test_malformed_export_is_refused_with_a_clear_error(sglang_cpu, tmp_path, ca
                                                           "midlayer.self_attn.gate_proj.bias"])
         expected = (r"the export lacks \['midlayer\.self_attn\.gate_proj\.weight', "
                     r"'midlayer\.self_attn\.gate_proj\.bias'\]")
+    elif case == "no-d2t":  # a reduced draft vocabulary without its map would draft wrong tokens
+        directory = make_export(tmp_path / "draft", drop=["d2t"])
+        expected = r"the export lacks \['d2t'\]"
     else:
         gate = make_export(tmp_path / "gated")
         directory = make_export(tmp_path / "draft", gated=False, extra={
