@@ -6,12 +6,18 @@ burst of real prompts, each generating exactly the length the target produced fo
 regenerated (`--fixed-output-len`), so every run does the same work and only the order differs.
 Runs, one server at a time:
 
-- 1 instance: `fcfs`, `outlets` (draft predictions), `outlets` with oracle predictions (the exact
-  length sent as the request's prediction: the upper bound of any predictor);
+- 1 instance: `fcfs`; `outlets` with the draft's predictions only; `outlets` with the draft's r̂₀
+  also sent with each request (`--predictions`, from `outlets eval`'s predictions/outlets.jsonl: what
+  a PD prefill instance or a router would know before admission); optionally the oracle (the exact
+  length as the prediction, upper bound).
 - `--dp-size 2`: `fcfs` + round-robin routing, `outlets` + `--load-balance-method outlets`.
 
-Both policies load the draft (the predictor's cost is in every run). Writes one bench-serving
-directory per run and `compare.md`/`compare.png` (`outlets compare-runs`) under --output.
+Every run loads the draft. In a colocated server r̂₀ exists only after a request's prefill, which
+happens at admission, so with draft predictions alone the waiting queue is ordered by the prior
+(arrival order): `outlets` can differ from `fcfs` there only through retraction, and across
+data-parallel ranks through the predicted work of running requests. With external predictions
+(`--predictions`, oracle) the draft's forward is skipped for requests that bring one. Writes one
+bench-serving directory per run and `compare.md`/`compare.png` (`outlets compare-runs`) under --output.
 
     .venv/bin/python benchmarks/cpu_serving_study.py --draft DRAFT_DIR --regenerated REGEN.jsonl \
         --output runs/cpu-study
@@ -38,17 +44,19 @@ from tests.sglang_harness.server import SGLangServer, omp_bind_groups  # noqa: E
 SERVE_PYTHON = os.path.join(REPO, ".venv-serve", "bin", "python")
 DEFAULT_MODEL = os.path.expanduser("~/.cache/specforge-outlets/smollm2-135m")
 
-# (run name, data-parallel ranks, schedule policy, load-balance method, oracle predictions)
+# (run name, data-parallel ranks, schedule policy, load-balance method, predictions sent by the client)
 RUNS = (
-    ("dp1-fcfs", 1, "fcfs", None, False),
-    ("dp1-outlets", 1, "outlets", None, False),
-    ("dp1-outlets-oracle", 1, "outlets", None, True),
-    ("dp2-fcfs-round-robin", 2, "fcfs", "round_robin", False),
-    ("dp2-outlets", 2, "outlets", "outlets", False),
+    ("dp1-fcfs", 1, "fcfs", None, None),
+    ("dp1-outlets", 1, "outlets", None, None),
+    ("dp1-outlets-predicted", 1, "outlets", None, "file"),
+    ("dp1-outlets-oracle", 1, "outlets", None, "oracle"),
+    ("dp2-fcfs-round-robin", 2, "fcfs", "round_robin", None),
+    ("dp2-outlets", 2, "outlets", "outlets", None),
 )
+DEFAULT_RUNS = ("dp1-fcfs", "dp1-outlets", "dp1-outlets-predicted", "dp2-fcfs-round-robin", "dp2-outlets")
 
 
-def build_dataset(regenerated: str, path: str, limit: int) -> int:
+def build_dataset(regenerated: str, path: str, limit: int, only_ids=None) -> int:
     """prompt + output_length (the target's own response length) per regenerated conversation."""
     rows = []
     with open(regenerated, encoding="utf-8") as handle:
@@ -58,6 +66,8 @@ def build_dataset(regenerated: str, path: str, limit: int) -> int:
             row = json.loads(line)
             turns = row["conversations"]
             if len(turns) < 2 or turns[0]["role"] != "user" or "num_tokens" not in turns[1]:
+                continue
+            if only_ids is not None and row["id"] not in only_ids:
                 continue
             rows.append({"id": row["id"], "prompt": turns[0]["content"], "output_length": turns[1]["num_tokens"]})
     rows = rows[:limit]
@@ -74,12 +84,14 @@ def run() -> int:
     parser.add_argument("--regenerated", required=True, help="regenerated JSONL the draft was not trained on")
     parser.add_argument("--model-path", default=DEFAULT_MODEL, help="target model directory (converted SmolLM2)")
     parser.add_argument("--output", default="runs/cpu-study")
+    parser.add_argument("--predictions", help="outlets eval's predictions/outlets.jsonl for these requests; "
+                                              "the burst is then the requests it names")
     parser.add_argument("--num-requests", type=int, default=16)
-    parser.add_argument("--max-running-requests", type=int, default=4,
+    parser.add_argument("--max-running-requests", type=int, default=2,
                         help="per rank; fewer than the burst, so that a waiting queue forms")
     parser.add_argument("--short-threshold", type=int, default=128,
                         help="short requests: fewer output tokens (SmolLM2's answers here are < 400)")
-    parser.add_argument("--runs", nargs="+", default=[name for name, *_ in RUNS], choices=[name for name, *_ in RUNS])
+    parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), choices=[name for name, *_ in RUNS])
     args = parser.parse_args()
     for path, what in ((args.draft, "--draft"), (args.model_path, "--model-path")):
         if not os.path.isdir(path):
@@ -89,10 +101,16 @@ def run() -> int:
 
     os.makedirs(args.output, exist_ok=True)
     dataset = os.path.join(args.output, "burst.jsonl")
-    count = build_dataset(args.regenerated, dataset, args.num_requests)
+    only_ids = None
+    if args.predictions:
+        with open(args.predictions, encoding="utf-8") as handle:
+            only_ids = {json.loads(line)["id"] for line in handle if line.strip()}
+    elif "dp1-outlets-predicted" in args.runs:
+        args.runs.remove("dp1-outlets-predicted")
+    count = build_dataset(args.regenerated, dataset, args.num_requests, only_ids)
     print(f"burst of {count} requests from {args.regenerated}")
     done = []
-    for name, ranks, policy, balance, oracle in RUNS:
+    for name, ranks, policy, balance, sent in RUNS:
         if name not in args.runs:
             continue
         server_args = ["--schedule-policy", policy, "--max-running-requests", str(args.max_running_requests),
@@ -110,7 +128,7 @@ def run() -> int:
             code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", "inf",
                             "--tokenizer", args.model_path, "--fixed-output-len", "--temperature", "0",
                             "--short-threshold", str(args.short_threshold), "--label", name, "--output", out]
-                           + (["--oracle-prediction"] if oracle else []))
+                           + {None: [], "oracle": ["--oracle-prediction"], "file": ["--predictions", args.predictions]}[sent])
         print(f"{name}: exit {code}, {time.monotonic() - started:.0f} s")
         if code == 0:
             done.append(out)

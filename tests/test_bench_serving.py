@@ -318,7 +318,7 @@ def test_unusable_inputs_and_servers_are_named(tmp_path, stub, capsys):
             ([stub.url], ["--dataset", empty, "--rate", "1", "--raw-prompts"], f"dataset {empty}: no usable prompt"),
             ([stub.url], ["--dataset", str(tmp_path / "missing.jsonl"), "--rate", "1", "--raw-prompts"], "no such file"),
             ([stub.url], ["--trace", trace, "--rate", "3"], "--rate is for --dataset"),
-            ([stub.url], ["--trace", trace, "--oracle-prediction"], "--oracle-prediction are for --dataset"),
+            ([stub.url], ["--trace", trace, "--oracle-prediction"], "--oracle-prediction and --predictions are for --dataset"),
             ([stub.url], ["--dataset", write_jsonl(tmp_path / "blank.jsonl", ["", "  "]), "--rate", "1", "--raw-prompts"],
              "no rows"),
             ([stub.url, dead_url], ["--trace", trace], f"--base-url {dead_url}: server not reachable"),
@@ -396,3 +396,17 @@ def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, 
     code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
                              "--oracle-prediction", name="refused")
     assert code == 2 and "--oracle-prediction needs --fixed-output-len" in capsys.readouterr().err
+
+
+def test_predictions_file_is_sent_with_the_requests_it_names(tmp_path, stub, capsys):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "qa"}, {"id": "b", "prompt": "qb"}])
+    predictions = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "predictor": "outlets", "predicted_output_len": 42.5}])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--predictions", predictions)
+    assert code == 0 and "names 1 of 2 requests" in capsys.readouterr().out and summary["predictions"] == predictions
+    sent = {body["text"]: body["sampling_params"].get("custom_params") for _, body in stub.received}
+    assert sent == {"qa": {"outlets_predicted_output_len": 42.5}, "qb": None}
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "a", "predicted_output_len": "soon"}])
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                       "--predictions", bad, name="bad")
+    assert code == 2 and f"--predictions {bad} line 1: needs an id and a positive predicted_output_len" in capsys.readouterr().err

@@ -58,6 +58,8 @@ def register(subparsers) -> None:
     parser.add_argument("--oracle-prediction", action="store_true",
                         help="with --fixed-output-len: send each request's exact length as its prediction "
                              "(custom_params.outlets_predicted_output_len), the oracle upper bound")
+    parser.add_argument("--predictions", help="--dataset: JSONL of id, predicted_output_len (e.g. outlets eval's "
+                                              "predictions/outlets.jsonl) sent with each request it names")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
@@ -70,7 +72,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from specforge_outlets.benchmarking.client import SamplingSettings, check_server
-    from specforge_outlets.benchmarking.workload import load_dataset_workload, load_tokenizer, load_trace_workload
+    from specforge_outlets.benchmarking.workload import (
+        load_dataset_workload, load_predictions, load_tokenizer, load_trace_workload,
+    )
 
     _validate(args)
     urls = [url.rstrip("/") for url in args.base_url]
@@ -78,7 +82,12 @@ def run(args) -> int:
     if args.dataset:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
                                          args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
-                                         oracle_prediction=args.oracle_prediction)
+                                         oracle_prediction=args.oracle_prediction,
+                                         predictions=load_predictions(args.predictions) if args.predictions else None)
+        with_prediction = sum(request.prediction is not None for request in workload.requests)
+        if args.predictions and with_prediction < len(workload.requests):
+            print(f"warning: --predictions {args.predictions} names {with_prediction} of {len(workload.requests)} "
+                  f"requests; the others get the server's prior")
     else:
         workload = load_trace_workload(args.trace, args.rate_scale, tokenizer, args.num_requests, args.seed)
     for url in urls:
@@ -111,6 +120,7 @@ def run(args) -> int:
         "timeout_s": args.timeout,
         "seed": args.seed,
         "oracle_prediction": args.oracle_prediction,
+        "predictions": args.predictions,
         "started_at": started_at,
         "duration_s": duration_s,
     }
@@ -138,6 +148,8 @@ def _validate(args) -> None:
             raise OutletsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
         if args.rate_scale != 1.0:
             raise OutletsError("--rate-scale is for --trace; set the dataset's arrival rate with --rate")
+        if args.oracle_prediction and args.predictions:
+            raise OutletsError("--oracle-prediction and --predictions both set the prediction; choose one")
         if args.oracle_prediction and not args.fixed_output_len:
             raise OutletsError("--oracle-prediction needs --fixed-output-len (only then is the length known exactly)")
     else:
@@ -145,9 +157,9 @@ def _validate(args) -> None:
             raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")
         if args.raw_prompts:
             raise OutletsError("--raw-prompts is for --dataset; trace prompts are synthetic token ids")
-        if args.fixed_output_len or args.oracle_prediction:
-            raise OutletsError("--fixed-output-len and --oracle-prediction are for --dataset; a trace request always "
-                               "generates its output_length")
+        if args.fixed_output_len or args.oracle_prediction or args.predictions:
+            raise OutletsError("--fixed-output-len, --oracle-prediction and --predictions are for --dataset; a trace "
+                               "request always generates its output_length")
     checks = (
         (args.num_requests is None or args.num_requests >= 1, f"--num-requests must be at least 1, got {args.num_requests}"),
         (args.short_threshold >= 1, f"--short-threshold must be at least 1, got {args.short_threshold}"),

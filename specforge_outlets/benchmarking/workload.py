@@ -97,6 +97,7 @@ def load_dataset_workload(
     warn=print,
     fixed_output_len: bool = False,
     oracle_prediction: bool = False,
+    predictions: Optional[Dict[str, float]] = None,
 ) -> Workload:
     """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted.
 
@@ -104,7 +105,9 @@ def load_dataset_workload(
     as SGLang's benchmark does with ShareGPT, so that runs under different policies do the same work
     and compare request by request; rows without ``output_length`` are refused. ``oracle_prediction``
     (with ``fixed_output_len``): the exact length goes to the server as the request's prediction, the
-    upper bound any predictor can reach.
+    upper bound any predictor can reach. ``predictions`` (id -> predicted output length, e.g. from
+    ``outlets eval``'s ``predictions/<name>.jsonl``): sent with the requests they name, as a router or
+    a prefill instance would send them before the request is admitted.
     """
     if not os.path.isfile(path):
         raise OutletsError(f"dataset {path}: no such file")
@@ -148,7 +151,8 @@ def load_dataset_workload(
             content = {"input_ids": tuple(_chat_ids(tokenizer, prompt))}
         budget = expected if fixed_output_len else max_new_tokens
         requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len,
-                                     prediction=float(expected) if oracle_prediction else None, **content))
+                                     prediction=float(expected) if oracle_prediction else (predictions or {}).get(request_id),
+                                     **content))
     source = {"kind": "dataset", "path": path, "prompts": "raw text" if tokenizer is None else "chat template, token ids",
               "output_len": "dataset output_length (ignore_eos)" if fixed_output_len else "until end of turn or max_new_tokens"}
     return Workload(source, requests, rate_rps, skipped_rows=len(problems))
@@ -208,6 +212,24 @@ def _prompt_of(row: Dict) -> Tuple[Optional[str], Optional[str]]:
                 return None, "the first user turn has no text content"
             return content, None
     return None, "no user turn (role 'user' or from 'human') in messages/conversations"
+
+
+def load_predictions(path: str) -> Dict[str, float]:
+    """id -> predicted_output_len from a JSONL (``outlets eval`` writes ``predictions/<name>.jsonl``)."""
+    if not os.path.isfile(path):
+        raise OutletsError(f"--predictions {path}: no such file")
+    predictions: Dict[str, float] = {}
+    for line_number, row in iter_jsonl(path):
+        where = f"--predictions {path} line {line_number}"
+        if isinstance(row, BadLine):
+            raise OutletsError(f"{where}: {row}")
+        value = row.get("predicted_output_len") if "id" in row else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise OutletsError(f"{where}: needs an id and a positive predicted_output_len, got {row!r}")
+        predictions[str(row["id"])] = float(value)
+    if not predictions:
+        raise OutletsError(f"--predictions {path}: no predictions")
+    return predictions
 
 
 def _output_length_of(row: Dict, default: int) -> Tuple[int, Optional[str]]:
