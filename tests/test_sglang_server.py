@@ -29,8 +29,9 @@ def chat_target(tmp_path_factory) -> str:
 
 # Predictions far apart, so that the aging term (10 tokens/s x 0.05 s between arrivals) cannot
 # reorder them; actual lengths are tiny so the test is quick. The first request blocks the server
-# (one request runs at a time) while the others queue up behind it.
-BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 120, "predicted": 5000}
+# (one request runs at a time) while the others queue up behind it; 400 tokens, because 120 were
+# done in 0.3 s once, before the burst had been sent.
+BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted": 5000}
 BURST_PREDICTIONS = [900, 100, 700, 300, 500, 200]
 
 
