@@ -28,8 +28,7 @@ SGLang's documented way to register an external model implementation); the plugi
 from __future__ import annotations
 
 import logging
-import math
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -39,6 +38,8 @@ from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.utils import add_prefix
+
+from specforge_outlets.model.length_head import LengthHead, log_remaining_to_tokens
 
 logger = logging.getLogger("sglang_patches")
 
@@ -72,42 +73,6 @@ def _outlets_config(config) -> dict:
             f"{ARCHITECTURE}: config.json has no outlets_config (not an `outlets export` directory)"
         )
     return outlets
-
-
-def bucket_log_centers(edges: Sequence[int]) -> torch.Tensor:
-    """log(1 + r) at the geometric centre of each length bucket (as in training, length_head.py)."""
-    edges = [int(e) for e in edges]
-    bounds = [1, *edges, 2 * edges[-1]]
-    centers = [math.sqrt(lo * hi) for lo, hi in zip(bounds, bounds[1:])]
-    return torch.tensor([math.log1p(c) for c in centers], dtype=torch.float32)
-
-
-class OutletsLengthHead(nn.Module):
-    """``mlp``: Linear(w0, w1), ReLU, ..., Linear(w_last, outputs); same names as the training head."""
-
-    def __init__(self, widths: Sequence[int], bucket_edges: Optional[Sequence[int]] = None) -> None:
-        super().__init__()
-        widths = [int(w) for w in widths]
-        if len(widths) < 2 or any(w <= 0 for w in widths):
-            raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config.head_widths={widths} is not a valid MLP")
-        self.num_buckets = len(bucket_edges) + 1 if bucket_edges else 0
-        layers: List[nn.Module] = []
-        for width_in, width_out in zip(widths, widths[1:]):
-            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
-        layers.append(nn.Linear(widths[-1], self.num_buckets or 1))
-        self.mlp = nn.Sequential(*layers)
-        if self.num_buckets:
-            self.register_buffer("bucket_log_centers", bucket_log_centers(bucket_edges), persistent=False)
-
-    def weight_names(self, prefix: str = "length_head") -> List[str]:
-        return [f"{prefix}.{name}" for name, _ in self.named_parameters()]
-
-    def forward(self, state: torch.Tensor) -> torch.Tensor:  # [..., H] -> [...] z (float32)
-        raw = self.mlp(state)
-        if not self.num_buckets:
-            return raw.squeeze(-1).float()
-        probs = torch.softmax(raw.float(), dim=-1)  # z = expected log-length over the buckets
-        return probs @ self.bucket_log_centers.to(probs.device)
 
 
 def _compute_gate(attention: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -177,7 +142,10 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             raise OutletsDraftError(
                 f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} must start at hidden_size {hidden}"
             )
-        self.length_head = OutletsLengthHead(widths, outlets.get("bucket_edges"))
+        if len(widths) < 2 or any(int(w) <= 0 for w in widths):
+            raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} is not a valid MLP")
+        # the training module itself (torch only), so that the names and the maths cannot drift
+        self.length_head = LengthHead([int(w) for w in widths], outlets.get("bucket_edges"))
 
     # -- weights ----------------------------------------------------------------------------------------
     def expected_export_weights(self) -> List[str]:
@@ -195,7 +163,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             names.append("lm_head.weight")
         if self.gated_attention:
             names += list(GATE_WEIGHTS)
-        names += self.length_head.weight_names()
+        names += [f"length_head.{name}" for name, _ in self.length_head.named_parameters()]
         return names
 
     def _outlets_param(self, name: str) -> Optional[str]:
@@ -256,11 +224,12 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         ``self.model(...)``; for ``head_input: fused`` the ``fc`` projection of the target features,
         normed the same way. Not yet called during speculation (see docs/serving.md, EAGLE-3 mode).
         """
-        return self.length_head(states.to(self.length_head.mlp[0].weight.dtype))
+        raw = self.length_head(states.to(self.length_head.mlp[0].weight.dtype))
+        return self.length_head.log_remaining(raw).float()
 
     @staticmethod
     def log_remaining_to_tokens(z: torch.Tensor) -> torch.Tensor:
-        return torch.expm1(z.float()).clamp_min(0.0)
+        return log_remaining_to_tokens(z)
 
 
 EntryClass = [OutletsLlamaForCausalLMEagle3]
