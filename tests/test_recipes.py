@@ -29,3 +29,19 @@ def test_gpu_recipes_follow_the_method(path):
     if draft:
         with open(os.path.join(ROOT, draft)) as f:
             assert json.load(f)["architectures"] == ["OutletsLlamaForCausalLMEagle3"]
+
+
+def test_the_target_alias_resolves_in_the_recipe_and_on_the_command_line(monkeypatch, tmp_path):
+    import specforge_outlets.data.targets as targets
+
+    converted = tmp_path / "smollm2"
+    converted.mkdir()
+    monkeypatch.setattr(targets, "ensure_smollm2", lambda: converted)
+    cpu = os.path.join(ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
+    assert load_recipe(cpu).config.model.target_model_path == str(converted)
+    other = tmp_path / "other"
+    other.mkdir()
+    recipe = load_recipe(cpu, [f"model.target_model_path={other}"])
+    assert recipe.config.model.target_model_path == str(other)
+    recipe = load_recipe(cpu, [f"model.target_model_path={other}", "model.target_model_path=smollm2-135m"])
+    assert recipe.config.model.target_model_path == str(converted)

@@ -67,6 +67,11 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     if not isinstance(block, dict):
         raise OutletsError(f"recipe {path}: the '{OUTLETS_BLOCK}:' block must be a mapping")
     outlets_overrides, specforge_overrides = split_overrides(overrides)
+    target_key = "model.target_model_path="
+    specforge_overrides = [  # the alias works on the command line too
+        f"{target_key}{resolve_target(item[len(target_key):])}" if item.startswith(target_key) else item
+        for item in specforge_overrides
+    ]
     settings = OutletsSettings.from_mapping({**block, **outlets_overrides})
     try:
         config = Config.model_validate(migrate_legacy_config(raw))
