@@ -17,6 +17,7 @@ and never a finished-looking summary of a partial run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import math
@@ -185,7 +186,7 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
     from specforge_outlets.benchmarking.client import send_request
 
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     progress = tqdm(total=len(requests), desc="requests", unit="req")
     failures = 0
 
@@ -194,10 +195,7 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
 
         async def one(index: int, request):
             nonlocal failures
-            if gate is not None:
-                async with gate:
-                    record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s)
-            else:
+            async with gate:
                 record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s)
             failures += not record.success
             progress.set_postfix(failed=failures, refresh=False)
@@ -270,17 +268,16 @@ MARKDOWN_COLUMNS = (
 
 
 def markdown_summary(header: Dict, row: Dict) -> str:
-    from specforge_outlets.simulation.metrics import CLASSES, format_metric
+    from specforge_outlets.simulation.metrics import CLASSES, format_metric, pipe_table
 
     metrics = row["metrics"]
     lines = [f"# Serving benchmark: {row['label']}", ""]
     lines += [f"- {key}: {value}" for key, value in header.items()]
     lines += [f"- offered_rps: {row['offered_rps']:g}", ""]
-    columns = ["class"] + [column[0] for column in MARKDOWN_COLUMNS]
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for name in CLASSES:
-        cells = [name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(pipe_table(
+        ["class"] + [column[0] for column in MARKDOWN_COLUMNS],
+        ([name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS] for name in CLASSES),
+    ))
     failed = metrics["all"]["failed"]
     lines.append("")
     if failed:

@@ -111,16 +111,15 @@ def _value(row: RunRow, cls: Optional[str], key: str) -> float:
 
 
 def markdown_table(rows: List[RunRow]) -> str:
-    from specforge_outlets.simulation.metrics import format_metric
+    from specforge_outlets.simulation.metrics import format_metric, pipe_table
 
     policy_keys = [key for key in POLICY_KEYS if any(key in r.row for r in rows)]
     header = ["run", "label", "kind"] + policy_keys + [column[0] for column in METRIC_COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [r.run, r.label, r.kind] + [str(r.row.get(key, "–")) for key in policy_keys]
-        cells += [format_metric(_value(r, cls, key), fmt) for _, cls, key, fmt in METRIC_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return pipe_table(header, (
+        [r.run, r.label, r.kind] + [str(r.row.get(key, "–")) for key in policy_keys]
+        + [format_metric(_value(r, cls, key), fmt) for _, cls, key, fmt in METRIC_COLUMNS]
+        for r in rows
+    ))
 
 
 def plot(rows: List[RunRow], path: str) -> None:

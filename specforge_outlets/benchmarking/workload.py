@@ -28,6 +28,7 @@ import numpy as np
 
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.simulation.trace import poisson_arrival_times
 
 # Token ids for synthetic trace prompts when no tokenizer says which ids exist: inside any real
 # vocabulary (Llama 3: 128k, Qwen: 151k, SmolLM2: 49k) and clear of the special tokens at its ends.
@@ -83,8 +84,7 @@ def poisson_arrivals(count: int, rate_rps: float, seed: int) -> np.ndarray:
         raise OutletsError(f"--rate must be a positive number of requests/s (or inf for a burst), got {rate_rps}")
     if math.isinf(rate_rps) or count == 0:
         return np.zeros(count)
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_rps, size=count)
-    return np.cumsum(gaps) - gaps[0]
+    return poisson_arrival_times(np.random.default_rng(seed), rate_rps, count)
 
 
 def load_dataset_workload(

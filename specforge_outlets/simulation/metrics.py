@@ -21,7 +21,7 @@ Queueing delay is reported only when it is known (the simulator); a client canno
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -150,11 +150,7 @@ def json_safe(value: Any) -> Any:
 
 def metric_value(value: Any) -> float:
     """A metric read back from summary.json: numbers, ``"inf"``, ``null`` (NaN), or Python's Infinity/NaN."""
-    if value is None:
-        return math.nan
-    if isinstance(value, str):
-        return float(value)  # "inf", "-inf", "nan"
-    return float(value)
+    return math.nan if value is None else float(value)  # float() also reads "inf", "-inf", "nan"
 
 
 def format_metric(value: Any, fmt: str = "{:.2f}") -> str:
@@ -165,3 +161,10 @@ def format_metric(value: Any, fmt: str = "{:.2f}") -> str:
     if math.isinf(number):
         return "inf"
     return fmt.format(number)
+
+
+def pipe_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table of already formatted cells (the summaries and comparisons share this layout)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)

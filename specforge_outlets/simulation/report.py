@@ -7,6 +7,7 @@ import os
 from typing import Dict, List
 
 from specforge_outlets.simulation.metrics import json_safe
+from specforge_outlets.simulation.metrics import pipe_table
 from specforge_outlets.simulation.study import POLICY_STUDY, PREDICTOR_STUDY
 
 # Columns of the markdown tables: (header, metrics class, metric key, format).
@@ -51,12 +52,11 @@ def markdown_summary(header: Dict, rows: List[Dict]) -> str:
 
 def markdown_table(rows: List[Dict], label) -> str:
     header = ["rate x", "offered req/s", "policy"] + [column[0] for column in TABLE_COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [f"{row['rate_scale']:g}", f"{row['offered_rps']:.1f}", label(row)]
-        cells += [fmt.format(row["metrics"][cls][key]) for _, cls, key, fmt in TABLE_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return pipe_table(header, (
+        [f"{row['rate_scale']:g}", f"{row['offered_rps']:.1f}", label(row)]
+        + [fmt.format(row["metrics"][cls][key]) for _, cls, key, fmt in TABLE_COLUMNS]
+        for row in rows
+    ))
 
 
 def _plots(output_dir: str, rows: List[Dict]) -> List[str]:

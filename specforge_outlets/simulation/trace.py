@@ -74,6 +74,12 @@ def load_trace(path: str) -> Trace:
     raise OutletsError(f"trace {path}: unknown format; use an Azure .csv or a .jsonl with {', '.join(JSONL_FIELDS)}")
 
 
+def poisson_arrival_times(rng: np.random.Generator, rate_rps: float, count: int) -> np.ndarray:
+    """Arrival times with exponential gaps at ``rate_rps`` (a finite, positive rate), the first at 0."""
+    gaps = rng.exponential(1.0 / rate_rps, size=count)
+    return np.cumsum(gaps) - gaps[0]
+
+
 def synthetic_poisson(lengths_from: Trace, rate_rps: float, num_requests: int, seed: int) -> Trace:
     """Poisson arrivals at ``rate_rps`` with (prompt, output) pairs drawn from another trace."""
     if not (rate_rps > 0 and math.isfinite(rate_rps)):
@@ -81,8 +87,7 @@ def synthetic_poisson(lengths_from: Trace, rate_rps: float, num_requests: int, s
     if num_requests < 1:
         raise OutletsError(f"--num-requests must be at least 1, got {num_requests}")
     rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate_rps, size=num_requests)
-    arrivals = np.cumsum(gaps) - gaps[0]
+    arrivals = poisson_arrival_times(rng, rate_rps, num_requests)
     rows = rng.integers(0, len(lengths_from), size=num_requests)
     return Trace(
         f"poisson-{rate_rps:g}rps-{lengths_from.name}",
