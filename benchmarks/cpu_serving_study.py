@@ -12,6 +12,9 @@ Runs, one server at a time:
   length as the prediction, upper bound).
 - `--dp-size 2`: `fcfs` + round-robin routing, `outlets` + `--load-balance-method outlets`.
 
+`outlets` runs use `--outlets-order` (default tail-safe, the plugin's default; `sjf` reproduces the
+first measurement) with the long class starting at `--short-threshold` output tokens.
+
 Every run loads the draft. In a colocated server r̂₀ exists only after a request's prefill, which
 happens at admission, so with draft predictions alone the waiting queue is ordered by the prior
 (arrival order): `outlets` can differ from `fcfs` there only through retraction, and across
@@ -92,6 +95,8 @@ def run() -> int:
     parser.add_argument("--short-threshold", type=int, default=128,
                         help="short requests: fewer output tokens (SmolLM2's answers here are < 400)")
     parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), choices=[name for name, *_ in RUNS])
+    parser.add_argument("--outlets-order", default="tail-safe", choices=["tail-safe", "sjf"],
+                        help="waiting-queue order of the outlets runs (the plugin's --outlets-order)")
     args = parser.parse_args()
     for path, what in ((args.draft, "--draft"), (args.model_path, "--model-path")):
         if not os.path.isdir(path):
@@ -115,6 +120,8 @@ def run() -> int:
             continue
         server_args = ["--schedule-policy", policy, "--max-running-requests", str(args.max_running_requests),
                        "--outlets-draft-path", os.path.abspath(args.draft), "--disable-radix-cache"]
+        if policy == "outlets":
+            server_args += ["--outlets-order", args.outlets_order, "--outlets-long-output-len", str(args.short_threshold)]
         env = {}
         if ranks > 1:
             server_args += ["--dp-size", str(ranks), "--load-balance-method", balance]

@@ -12,8 +12,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 from sglang_patches import predictions as P
+from specforge_outlets.scheduling import admission_order
 from sglang_patches.settings import (
     FLAGS,
     META_INFO_KEY,
@@ -167,10 +169,12 @@ def calc_priority_around(original, self, waiting_queue, *args, **kwargs):
 
 
 def sort_waiting(waiting_queue, config) -> None:
+    """Put SGLang's waiting list in the order the core's queue for ``--outlets-order`` admits it now."""
     global _order_changes
-    before = [id(req) for req in waiting_queue]
-    waiting_queue.sort(key=lambda req: P.sort_key(req, config))
-    if [id(req) for req in waiting_queue] != before:
+    views = [P.QueueView(req) for req in waiting_queue]
+    ordered = [view.req for view in admission_order(views, settings().order, config, now=time.monotonic())]
+    if any(new is not old for new, old in zip(ordered, waiting_queue)):
+        waiting_queue[:] = ordered
         _order_changes += 1
         metrics().order_changes()
 
@@ -283,10 +287,12 @@ def log_startup(where: str) -> None:
         mode = f"predictor-only (OUTLETS draft {current.draft_path})"
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
+    config = current.scheduling
     logger.info(
-        "OUTLETS %s: mode=%s, prior_output_len=%g, aging_tokens_per_s=%g, hooks applied: %d/%d",
-        where, mode, current.scheduling.prior_output_len, current.scheduling.aging_tokens_per_s,
-        len(applied_targets()), len(HOOK_TARGETS),
+        "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g), "
+        "prior_output_len=%g, hooks applied: %d/%d",
+        where, mode, current.order.value, config.long_output_len, config.long_holdback, config.aging_tokens_per_s,
+        config.prior_output_len, len(applied_targets()), len(HOOK_TARGETS),
     )
     missing = sorted(set(HOOK_TARGETS) - set(applied_targets()))
     if missing:

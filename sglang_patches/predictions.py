@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from specforge_outlets.scheduling import SchedulingConfig, predicted_remaining, sjf_sort_key
+from specforge_outlets.scheduling import SchedulingConfig, predicted_remaining
 from sglang_patches.settings import CUSTOM_PARAM_KEY, META_INFO_KEY, parse_prediction
 
 logger = logging.getLogger("sglang_patches")
@@ -113,8 +113,16 @@ def remaining(req, config: SchedulingConfig) -> float:
     return predicted_remaining(prediction(req), num_generated(req), config.prior_output_len)
 
 
-def sort_key(req, config: SchedulingConfig):
-    return sjf_sort_key(prediction(req), num_generated(req), arrival_time(req), config)
+class QueueView:
+    """A ``Req`` as the scheduling core reads it (its ``SchedulableRequest`` fields), taken once per sort."""
+
+    __slots__ = ("req", "arrival_time", "predicted_output_len", "num_generated_tokens")
+
+    def __init__(self, req) -> None:
+        self.req = req
+        self.arrival_time = arrival_time(req)
+        self.predicted_output_len = prediction(req)
+        self.num_generated_tokens = num_generated(req)
 
 
 def usable(value) -> bool:

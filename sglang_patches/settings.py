@@ -15,13 +15,27 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from specforge_outlets.scheduling import DEFAULT_AGING_TOKENS_PER_S, DEFAULT_PRIOR_OUTPUT_LEN, SchedulingConfig
+from specforge_outlets.scheduling import (
+    DEFAULT_AGING_TOKENS_PER_S,
+    DEFAULT_LONG_HOLDBACK,
+    DEFAULT_LONG_OUTPUT_LEN,
+    DEFAULT_PRIOR_OUTPUT_LEN,
+    QueuePolicy,
+    SchedulingConfig,
+)
 
 POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
 
 ENV_PRIOR = "OUTLETS_PRIOR_OUTPUT_LEN"
 ENV_AGING = "OUTLETS_AGING_TOKENS_PER_S"
+ENV_ORDER = "OUTLETS_ORDER"
+ENV_LONG_OUTPUT_LEN = "OUTLETS_LONG_OUTPUT_LEN"
+ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
+
+# Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
+# length class's P99 several times worse than FCFS under overload (docs/serving.md).
+ORDERS = (QueuePolicy.TAIL_SAFE, QueuePolicy.SJF)
 
 # Key of an externally supplied prediction in a request's ``sampling_params.custom_params``.
 CUSTOM_PARAM_KEY = "outlets_predicted_output_len"
@@ -36,8 +50,19 @@ FLAGS = (
     ("--outlets-prior-output-len", "outlets_prior_output_len", ENV_PRIOR, float,
      f"OUTLETS: output length assumed for a request without a prediction (default {DEFAULT_PRIOR_OUTPUT_LEN:g}). "
      "Env: " + ENV_PRIOR),
+    ("--outlets-order", "outlets_order", ENV_ORDER, str,
+     f"OUTLETS: waiting-queue order, one of {', '.join(order.value for order in ORDERS)} (default "
+     f"{ORDERS[0].value}: FCFS within predicted-length classes, bounded hold-back of predicted-long requests; "
+     "sjf: shortest predicted remaining first with aging). Env: " + ENV_ORDER),
+    ("--outlets-long-output-len", "outlets_long_output_len", ENV_LONG_OUTPUT_LEN, float,
+     f"OUTLETS tail-safe: predicted remaining length from which a request is in the long class (default "
+     f"{DEFAULT_LONG_OUTPUT_LEN:g}). Env: " + ENV_LONG_OUTPUT_LEN),
+    ("--outlets-long-holdback", "outlets_long_holdback", ENV_LONG_HOLDBACK, float,
+     f"OUTLETS tail-safe: a predicted-long request that waited W s yields to short ones that arrived within "
+     f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority). "
+     "Env: " + ENV_LONG_HOLDBACK),
     ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
-     f"OUTLETS: tokens of predicted remaining length one second of waiting is worth (default "
+     f"OUTLETS sjf: tokens of predicted remaining length one second of waiting is worth (default "
      f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound). Env: " + ENV_AGING),
 )
 
@@ -49,6 +74,7 @@ class OutletsSettingsError(ValueError):
 @dataclass(frozen=True)
 class PluginSettings:
     scheduling: SchedulingConfig
+    order: QueuePolicy
     draft_path: Optional[str]
 
 
@@ -63,14 +89,23 @@ def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
-    prior = _float_env(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN)
-    aging = _float_env(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S)
     try:
-        config = SchedulingConfig(prior_output_len=prior, aging_tokens_per_s=aging)
+        config = SchedulingConfig(
+            prior_output_len=_float_env(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN),
+            aging_tokens_per_s=_float_env(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S),
+            long_output_len=_float_env(env, ENV_LONG_OUTPUT_LEN, DEFAULT_LONG_OUTPUT_LEN),
+            long_holdback=_float_env(env, ENV_LONG_HOLDBACK, DEFAULT_LONG_HOLDBACK),
+        )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
+    order_name = env.get(ENV_ORDER) or ORDERS[0].value
+    orders = {order.value: order for order in ORDERS}
+    if order_name not in orders:
+        raise OutletsSettingsError(
+            f"{ENV_ORDER} (--outlets-order)={order_name!r}: choose one of {', '.join(orders)}"
+        )
     draft = env.get(ENV_DRAFT) or None
-    return PluginSettings(scheduling=config, draft_path=draft)
+    return PluginSettings(scheduling=config, order=orders[order_name], draft_path=draft)
 
 
 def validate_draft_dir(path: str) -> dict:

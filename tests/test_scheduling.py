@@ -19,8 +19,11 @@ from specforge_outlets.scheduling import (
     RoutingPolicy,
     SchedulingConfig,
     SJFRequestQueue,
+    TailSafeRequestQueue,
+    admission_order,
     aging_window_s,
     create_request_queue,
+    holdback_window_s,
     create_router,
     least_predicted_work_rank,
     predicted_remaining,
@@ -37,8 +40,8 @@ class Req:
     num_generated_tokens: int = 0
 
 
-def drain(queue):
-    return [queue.pop_request().name for _ in range(len(queue))]
+def drain(queue, now=0.0):
+    return [queue.pop_request(now).name for _ in range(len(queue))]
 
 
 # --- key ------------------------------------------------------------------------------------------
@@ -63,7 +66,8 @@ def test_sjf_key_ages_linearly_with_waiting_time():
     assert sjf_sort_key(100, 0, 0.0, config) > sjf_sort_key(60, 0, 3.0, config)
 
 
-@pytest.mark.parametrize("kwargs", [{"prior_output_len": 0}, {"aging_tokens_per_s": -1.0},
+@pytest.mark.parametrize("kwargs", [{"long_output_len": 0}, {"long_holdback": -0.1}, {"long_holdback": float("inf")},
+                                    {"prior_output_len": 0}, {"aging_tokens_per_s": -1.0},
                                     {"prior_output_len": float("nan")}])
 def test_scheduling_config_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
@@ -90,7 +94,7 @@ def test_aging_bound_holds_for_random_requests():
     queue = SJFRequestQueue(config)
     for request in requests:
         queue.add_request(request)
-    order = [queue.pop_request() for _ in requests]
+    order = [queue.pop_request(0.0) for _ in requests]
     position = {id(request): index for index, request in enumerate(order)}
     for r in requests:
         window = aging_window_s(predicted_remaining(r.predicted_output_len, 0, config.prior_output_len), config)
@@ -114,7 +118,7 @@ def test_fcfs_queue_keeps_arrival_order():
     assert isinstance(queue, FCFSRequestQueue) and not queue
     for request in (Req("a", 0, 500), Req("b", 1, 5), Req("c", 2, 50)):
         queue.add_request(request)
-    assert len(queue) == 3 and queue and queue.peek_request().name == "a"
+    assert len(queue) == 3 and queue and queue.peek_request(0.0).name == "a"
     assert [r.name for r in queue] == ["a", "b", "c"]
     assert drain(queue) == ["a", "b", "c"]
 
@@ -125,7 +129,7 @@ def test_sjf_queue_orders_by_predicted_remaining_with_prior_for_unknown():
     for request in (Req("a", 0, 500), Req("b", 1, 5), Req("unknown", 2, None), Req("c", 3, 50),
                     Req("half-done", 4, 300, num_generated_tokens=280)):
         queue.add_request(request)
-    assert queue.peek_request().name == "b"
+    assert queue.peek_request(0.0).name == "b"
     assert [r.name for r in queue] == ["b", "half-done", "c", "unknown", "a"]
     assert drain(queue) == ["b", "half-done", "c", "unknown", "a"]
 
@@ -135,6 +139,92 @@ def test_sjf_queue_without_predictions_is_fcfs():
     for index in range(20):
         queue.add_request(Req(str(index), float(index // 3), None))  # equal arrival times too
     assert drain(queue) == [str(index) for index in range(20)]
+
+
+def tail_safe(**kwargs) -> SchedulingConfig:
+    return SchedulingConfig(prior_output_len=100, long_output_len=800, **kwargs)
+
+
+def test_tail_safe_queue_is_fcfs_within_each_class_and_classifies_by_predicted_remaining():
+    queue = create_request_queue(QueuePolicy.TAIL_SAFE, tail_safe(long_holdback=1.0))
+    assert isinstance(queue, TailSafeRequestQueue) and not queue
+    for request in (Req("long-a", 0, 900), Req("short-b", 1, 50), Req("long-c", 2, 5000),
+                    Req("unknown-d", 3, None),  # the prior (100): short class
+                    Req("nearly-done-e", 4, 900, num_generated_tokens=850), Req("short-f", 5, 700)):
+        queue.add_request(request)
+    # hold-back 1: strict priority of the short class, FCFS inside each class
+    assert drain(queue, now=10.0) == ["short-b", "unknown-d", "nearly-done-e", "short-f", "long-a", "long-c"]
+
+
+def test_tail_safe_with_zero_holdback_is_fcfs():
+    requests = [Req(str(i), float(i), 5000.0 if i % 3 else 10.0) for i in range(12)]
+    assert [r.name for r in admission_order(requests, QueuePolicy.TAIL_SAFE, tail_safe(long_holdback=0.0), now=50.0)] \
+        == [str(i) for i in range(12)]
+
+
+def test_tail_safe_holdback_window_at_its_edges():
+    """A long request that waited W yields to short requests that arrived less than f * W after it."""
+    config = tail_safe(long_holdback=0.25)
+    waited = 40.0
+    window = holdback_window_s(waited, config)
+    assert window == 10.0
+    for delay, overtaken in ((window - 0.5, True), (window + 0.5, False)):
+        queue = TailSafeRequestQueue(config)
+        queue.add_request(Req("long", 0.0, 5000.0))
+        queue.add_request(Req("short", delay, 10.0))
+        assert (queue.peek_request(now=waited).name == "short") is overtaken, delay
+
+
+@pytest.mark.parametrize("holdback, starves", [(0.3, False), (0.6, True)])
+def test_tail_safe_starves_only_when_holdback_times_overload_reaches_one(holdback, starves):
+    """Short requests arrive at twice the service rate (rho_s = 2): the bound needs f * rho_s < 1."""
+    queue = TailSafeRequestQueue(tail_safe(long_holdback=holdback))
+    queue.add_request(Req("long", 0.0, 5000.0))
+    served = []
+    for second in range(1, 200):
+        queue.add_request(Req(f"short{2 * second}", second - 0.5, 10.0))
+        queue.add_request(Req(f"short{2 * second + 1}", float(second), 10.0))
+        served.append(queue.pop_request(now=float(second)).name)
+    if starves:
+        assert "long" not in served
+    else:
+        # W <= W_fcfs / (1 - f * rho_s) with W_fcfs = 1 s (it was first)
+        assert served.index("long") + 1 <= 1 / (1 - holdback * 2)
+
+
+def test_tail_safe_bound_holds_for_random_requests():
+    rng = random.Random(7)
+    config = tail_safe(long_holdback=0.3)
+    queue = TailSafeRequestQueue(config)
+    arrivals = sorted(rng.uniform(0, 100) for _ in range(300))
+    requests = [Req(str(i), a, rng.choice([50.0, 400.0, 1200.0, 4000.0])) for i, a in enumerate(arrivals)]
+    now, order = 0.0, []
+    pending = list(requests)
+    while pending or queue:
+        while pending and pending[0].arrival_time <= now:
+            queue.add_request(pending.pop(0))
+        if queue:
+            order.append((now, queue.pop_request(now)))
+        now += 0.4  # slower than arrivals: a backlog builds
+    position = {id(r): i for i, (_, r) in enumerate(order)}
+    for admitted_at, request in order:
+        if request.predicted_output_len < config.long_output_len:
+            continue
+        window = holdback_window_s(admitted_at - request.arrival_time, config)
+        for other in requests:
+            if position[id(other)] < position[id(request)] and other.arrival_time > request.arrival_time:
+                assert other.arrival_time - request.arrival_time < window + 1e-9
+
+
+def test_admission_order_matches_popping_the_queue():
+    rng = random.Random(3)
+    requests = [Req(str(i), rng.uniform(0, 30), rng.choice([None, 20.0, 900.0, 3000.0])) for i in range(40)]
+    for policy in QueuePolicy:
+        config = tail_safe(long_holdback=0.4)
+        queue = create_request_queue(policy, config)
+        for request in requests:
+            queue.add_request(request)
+        assert [r.name for r in admission_order(requests, policy, config, now=45.0)] == drain(queue, now=45.0)
 
 
 # --- routing --------------------------------------------------------------------------------------

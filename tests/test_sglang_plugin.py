@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,10 +20,11 @@ STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness
 if STUBS not in sys.path:
     sys.path.insert(0, STUBS)
 
-from specforge_outlets.scheduling import SchedulingConfig, aging_window_s  # noqa: E402
+from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, aging_window_s  # noqa: E402
 from sglang_patches import hooks, predictions as P, routing  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_ORDER, ENV_PRIOR, OutletsSettingsError,
+    read_settings, validate_draft_dir,
 )
 
 
@@ -47,7 +49,7 @@ def keep_logging():
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR):
+    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(hooks, "_settings", None)
     yield
@@ -89,10 +91,14 @@ def test_cli_accepts_outlets_and_carries_settings_to_spawned_processes(plugins_l
 
     args = prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets",
                                 "--load-balance-method", "outlets", "--outlets-prior-output-len", "100",
-                                "--outlets-aging-tokens-per-s", "2.5"])
+                                "--outlets-aging-tokens-per-s", "2.5", "--outlets-order", "sjf",
+                                "--outlets-long-output-len", "500", "--outlets-long-holdback", "0.3"])
     assert args.schedule_policy == "outlets" and args.load_balance_method == "outlets"
-    assert os.environ[ENV_PRIOR] == "100.0" and os.environ[ENV_AGING] == "2.5"
-    assert read_settings().scheduling == SchedulingConfig(prior_output_len=100.0, aging_tokens_per_s=2.5)
+    assert os.environ[ENV_PRIOR] == "100.0" and os.environ[ENV_AGING] == "2.5" and os.environ[ENV_ORDER] == "sjf"
+    current = read_settings()
+    assert current.scheduling == SchedulingConfig(prior_output_len=100.0, aging_tokens_per_s=2.5,
+                                                  long_output_len=500.0, long_holdback=0.3)
+    assert current.order is QueuePolicy.SJF
 
 
 def test_cli_still_rejects_unknown_policies(plugins_loaded, tmp_path, capsys):
@@ -122,7 +128,18 @@ def test_bad_settings_are_refused(monkeypatch):
     monkeypatch.setenv(ENV_PRIOR, "abc")
     with pytest.raises(OutletsSettingsError, match="not a number"):
         read_settings()
+    monkeypatch.delenv(ENV_PRIOR)
+    monkeypatch.setenv(ENV_LONG_HOLDBACK, "-0.5")
+    with pytest.raises(OutletsSettingsError, match="long_holdback"):
+        read_settings()
+    monkeypatch.delenv(ENV_LONG_HOLDBACK)
+    monkeypatch.setenv(ENV_ORDER, "fcfs")
+    with pytest.raises(OutletsSettingsError, match=r"--outlets-order.*'fcfs': choose one of tail-safe, sjf"):
+        read_settings()
 
+
+def test_default_order_is_tail_safe():
+    assert read_settings().order is QueuePolicy.TAIL_SAFE
 
 # --- the waiting queue -------------------------------------------------------------------------------
 
@@ -144,7 +161,21 @@ def make_policy(name):
     return SchedulePolicy(name, tree_cache, False, False, False)
 
 
-def test_outlets_policy_sorts_by_predicted_remaining_with_ties_by_arrival(plugins_loaded):
+def test_outlets_policy_tail_safe_keeps_classes_fcfs_and_holds_long_requests_back_briefly(plugins_loaded):
+    policy = make_policy("outlets")
+    assert policy.outlets_config == read_settings().scheduling
+    now = time.monotonic()
+    # The long request has waited 100 s: at the default hold-back (0.05) short requests that arrived
+    # within 5 s after it go first, later ones do not. Each class stays FCFS; no prediction = the prior (short).
+    queue = [request("long", 5000, arrival=now - 100), request("short-late", 20, arrival=now - 85),
+             request("long-2", 900, arrival=now - 99), request("short-early", 700, arrival=now - 96),
+             request("unknown", None, arrival=now - 97)]
+    policy.calc_priority(queue)
+    assert [r.rid for r in queue] == ["unknown", "short-early", "long", "long-2", "short-late"]
+
+
+def test_outlets_policy_sjf_sorts_by_predicted_remaining_with_ties_by_arrival(plugins_loaded, monkeypatch):
+    monkeypatch.setenv(ENV_ORDER, "sjf")
     policy = make_policy("outlets")
     assert policy.outlets_config == read_settings().scheduling
     queue = [request("a", 300, arrival=1.0), request("b", 20, arrival=2.0), request("c", None, arrival=3.0),
@@ -165,6 +196,7 @@ def test_stock_policies_are_untouched(plugins_loaded):
 def test_aging_bound_holds_in_the_plugins_order(plugins_loaded, monkeypatch):
     """A request predicted to need R tokens is overtaken only by arrivals within (R - 1) / rate s."""
     monkeypatch.setenv(ENV_AGING, "10")
+    monkeypatch.setenv(ENV_ORDER, "sjf")
     hooks._settings = None
     policy = make_policy("outlets")
     config = policy.outlets_config
@@ -272,7 +304,8 @@ def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded)
 
 def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):
     seen = []
-    fake_scheduler = SimpleNamespace(waiting_queue=[request("a", 300, arrival=0.0), request("b", 20, arrival=1.0)])
+    now = time.monotonic()  # a (predicted long) waited 100 s; b arrived 3 s after it, within the hold-back
+    fake_scheduler = SimpleNamespace(waiting_queue=[request("a", 5000, arrival=now - 100), request("b", 20, arrival=now - 97)])
     original = lambda self, running_batch: seen.append([r.rid for r in self.waiting_queue])
     monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
     hooks.prebuilt_batch_around(original, fake_scheduler, None)

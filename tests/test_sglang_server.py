@@ -27,8 +27,8 @@ def chat_target(tmp_path_factory) -> str:
     return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
 
 
-# Predictions far apart, so that the aging term (10 tokens/s x 0.05 s between arrivals) cannot
-# reorder them; actual lengths are tiny so the test is quick. The first request blocks the server
+# Predicted lengths on both sides of the long-class threshold; actual lengths are tiny so the test
+# is quick. The first request blocks the server
 # (one request runs at a time) while the others queue up behind it; 400 tokens, because 120 were
 # done in 0.3 s once, before the burst had been sent.
 BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted": 5000}
@@ -49,15 +49,21 @@ def burst(server):
 
 
 class TestOutletsPolicy:
+    """The default order (tail-safe) with strict priority of the short class (hold-back 1), so that
+    the expected order does not depend on how long the burst waited."""
+
     @pytest.fixture(scope="class")
     def server(self, chat_target, tmp_path_factory):
         server = start_server(chat_target, str(tmp_path_factory.mktemp("outlets-log")),
-                              ["--schedule-policy", "outlets", "--max-running-requests", "1", "--enable-metrics"])
+                              ["--schedule-policy", "outlets", "--max-running-requests", "1", "--enable-metrics",
+                               "--outlets-long-output-len", "600", "--outlets-long-holdback", "1"])
         yield server
         server.stop()
 
-    def test_burst_completes_shortest_predicted_first(self, server):
-        assert burst(server) == sorted(BURST_PREDICTIONS)
+    def test_burst_completes_short_class_first_each_class_in_arrival_order(self, server):
+        short = [p for p in BURST_PREDICTIONS if p < 600]
+        long = [p for p in BURST_PREDICTIONS if p >= 600]
+        assert burst(server) == short + long
 
     def test_prediction_is_reported_in_meta_info(self, server):
         response = server.generate(PROMPT, max_new_tokens=3, predicted=42)
@@ -80,7 +86,8 @@ class TestOutletsPolicy:
 
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
-        match = re.search(r"OUTLETS schedule-policy: mode=(.*?), prior_output_len=256, .*hooks applied: (\d+)/(\d+)", log)
+        match = re.search(r"OUTLETS schedule-policy: mode=(.*?), order=tail-safe \(long_output_len=600, "
+                          r"long_holdback=1, .*prior_output_len=256, hooks applied: (\d+)/(\d+)", log)
         assert match, log[-3000:]
         assert match.group(1).startswith("external predictions")
         assert match.group(2) == match.group(3)

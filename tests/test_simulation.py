@@ -40,10 +40,10 @@ def pd_cluster(**overrides):
     return cluster_config_from_dict(values, "test")
 
 
-def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0):
+def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0, **scheduling):
     predictions = trace.output_lens.astype(float).tolist() if predictions is None else predictions
     policy = Policy(RoutingPolicy(routing), QueuePolicy(queue))
-    return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging)).run()
+    return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging, **scheduling)).run()
 
 
 # A long request, then a medium and a short one that both wait behind it on one decode slot.
@@ -86,6 +86,16 @@ def test_sjf_timeline_on_one_decode_slot(unit_steps):
     fcfs = summarize(simulate(THREE, pd_cluster(max_running_requests=1), queue="fcfs"))
     sjf = summarize(result)
     assert sjf["all"]["e2e_mean_s"] < fcfs["all"]["e2e_mean_s"]
+
+
+@pytest.mark.parametrize("holdback, finish_times", [(0.5, [11.0, 17.0, 12.0]), (0.005, [11.0, 16.0, 17.0])])
+def test_tail_safe_timeline_on_one_decode_slot(unit_steps, holdback, finish_times):
+    # B (5 left) is in the long class (long_output_len 5), C (1 left) in the short one. When A ends
+    # at 11 s, B has waited 10.9 s: C, which arrived 0.1 s after B, overtakes only if 0.1 s lies
+    # within the hold-back window (0.5 x 10.9 = 5.45 s: yes; 0.005 x 10.9 = 0.0545 s: no).
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue="tail-safe",
+                      long_output_len=5, long_holdback=holdback)
+    assert result.finish_times.tolist() == pytest.approx(finish_times)
 
 
 def test_sjf_without_predictions_is_fcfs(unit_steps):
@@ -153,7 +163,7 @@ def test_aging_bounds_the_wait_of_a_long_request_under_overload(unit_steps):
 
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
-@pytest.mark.parametrize("queue", ["fcfs", "sjf"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
     trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
@@ -265,7 +275,7 @@ def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
                  "--rate-scale", "1", "3", "--routing", "round-robin", "least-predicted-work"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["runs"]) == 2 * (4 + 3)  # rate scales x (policy grid + controlled study)
+    assert len(summary["runs"]) == 2 * (6 + 3)  # rate scales x (2 routings x 3 queues + controlled study)
     run = summary["runs"][0]["metrics"]
     assert run["all"]["requests"] == 300 and run["short"]["requests"] + run["long"]["requests"] == 300
     assert math.isfinite(run["short"]["e2e_p99_s"]) and run["all"]["throughput_tok_s"] > 0

@@ -1,4 +1,4 @@
-"""Shared scheduling core: the SJF-with-aging ordering key, waiting queues and routing.
+"""Shared scheduling core: the ordering keys (SJF with aging, tail-safe), waiting queues and routing.
 
 Pure Python (no torch, no SGLang) so that the SGLang plugin and the serving simulator use the same
 code: what is simulated is what is served.
@@ -6,18 +6,25 @@ code: what is simulated is what is served.
 
 from specforge_outlets.scheduling.keys import (
     DEFAULT_AGING_TOKENS_PER_S,
+    DEFAULT_LONG_HOLDBACK,
+    DEFAULT_LONG_OUTPUT_LEN,
     DEFAULT_PRIOR_OUTPUT_LEN,
     MIN_PREDICTED_REMAINING,
     SchedulingConfig,
     aging_window_s,
+    holdback_window_s,
+    is_predicted_long,
     predicted_remaining,
     sjf_sort_key,
+    tail_safe_sort_key,
 )
 from specforge_outlets.scheduling.request_queue import (
     FCFSRequestQueue,
     QueuePolicy,
     RequestQueue,
     SJFRequestQueue,
+    TailSafeRequestQueue,
+    admission_order,
     create_request_queue,
 )
 from specforge_outlets.scheduling.routing import (
@@ -35,16 +42,23 @@ from specforge_outlets.scheduling.routing import (
 
 __all__ = [
     "DEFAULT_AGING_TOKENS_PER_S",
+    "DEFAULT_LONG_HOLDBACK",
+    "DEFAULT_LONG_OUTPUT_LEN",
     "DEFAULT_PRIOR_OUTPUT_LEN",
     "MIN_PREDICTED_REMAINING",
     "SchedulingConfig",
     "aging_window_s",
+    "holdback_window_s",
+    "is_predicted_long",
     "predicted_remaining",
     "sjf_sort_key",
+    "tail_safe_sort_key",
     "FCFSRequestQueue",
     "QueuePolicy",
     "RequestQueue",
     "SJFRequestQueue",
+    "TailSafeRequestQueue",
+    "admission_order",
     "create_request_queue",
     "LeastPredictedWorkRouter",
     "LeastRequestsRouter",

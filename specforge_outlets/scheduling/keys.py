@@ -1,9 +1,17 @@
-"""The ordering key: predicted remaining length, shortest first, with linear aging.
+"""The ordering keys: shortest predicted remaining first with linear aging (SJF), and the tail-safe key.
 
 One implementation, shared by the SGLang plugin and the simulator, so that what is simulated is
 what is served. Everything here is a pure function of plain numbers: no torch, no SGLang.
 
-Aging bound. The key of a request that arrived at ``a`` with predicted remaining length ``R`` is
+Why two keys. SJF cuts mean latency, but under overload or with noisy predictions it can make the
+P99 of a length class several times worse than FCFS (the longest of the "short" requests wait behind
+an endless stream of shorter ones; docs/results.md). The tail-safe key keeps FCFS order inside two
+predicted-length classes and lets the short class overtake a predicted-long request only within a
+window that grows with that request's own wait, so that its delay stays within a bounded factor of
+its FCFS delay and neither class's tail moves far from FCFS; how much of SJF's gain it keeps is set
+by one fraction (docs/serving.md).
+
+Aging bound (SJF). The key of a request that arrived at ``a`` with predicted remaining length ``R`` is
 ``R + rate * a`` (``rate`` = aging tokens per second). Subtracting ``rate * now`` from every key
 gives "remaining length minus credit for time waited"; the term is common to all requests, so the
 order never changes while they wait and a heap can hold the keys. Because every key is at least
@@ -30,6 +38,17 @@ DEFAULT_PRIOR_OUTPUT_LEN = 256.0
 # 80 s after it.
 DEFAULT_AGING_TOKENS_PER_S = 10.0
 
+# Predicted remaining length from which a request belongs to the long class of the tail-safe key;
+# the short/long threshold of the method's latency breakdown (docs/simulation.md).
+DEFAULT_LONG_OUTPUT_LEN = 800.0
+
+# Hold-back of the tail-safe key: a predicted-long request that has waited W seconds can be
+# overtaken by short-class requests that arrived less than this fraction of W after it. 0 is FCFS,
+# 1 or more is strict priority of the short class. 0.05 is the largest hold-back of
+# benchmarks/tail_safe_sweep.py whose short- and long-request P99 stayed within 5% of FCFS in every
+# run (0.1 reached 1.06); no request starves below 20x overload.
+DEFAULT_LONG_HOLDBACK = 0.05
+
 # Floor of the predicted remaining length: a request that has already generated more tokens
 # than predicted is taken to be about to finish, not to have negative work left.
 MIN_PREDICTED_REMAINING = 1.0
@@ -40,13 +59,19 @@ class SchedulingConfig:
     """Settings of the ordering key and of least-predicted-work routing."""
 
     prior_output_len: float = DEFAULT_PRIOR_OUTPUT_LEN
-    aging_tokens_per_s: float = DEFAULT_AGING_TOKENS_PER_S
+    aging_tokens_per_s: float = DEFAULT_AGING_TOKENS_PER_S  # SJF
+    long_output_len: float = DEFAULT_LONG_OUTPUT_LEN  # tail-safe
+    long_holdback: float = DEFAULT_LONG_HOLDBACK  # tail-safe
 
     def __post_init__(self) -> None:
         if not (self.prior_output_len > 0 and math.isfinite(self.prior_output_len)):
             raise ValueError(f"prior_output_len must be a positive number, got {self.prior_output_len}")
         if not (self.aging_tokens_per_s >= 0 and math.isfinite(self.aging_tokens_per_s)):
             raise ValueError(f"aging_tokens_per_s must be >= 0, got {self.aging_tokens_per_s}")
+        if not (self.long_output_len > 0 and math.isfinite(self.long_output_len)):
+            raise ValueError(f"long_output_len must be a positive number, got {self.long_output_len}")
+        if not (self.long_holdback >= 0 and math.isfinite(self.long_holdback)):
+            raise ValueError(f"long_holdback must be >= 0, got {self.long_holdback}")
 
 
 def predicted_remaining(
@@ -73,3 +98,38 @@ def aging_window_s(predicted_remaining_tokens: float, config: SchedulingConfig) 
     if config.aging_tokens_per_s == 0:
         return math.inf
     return max(predicted_remaining_tokens - MIN_PREDICTED_REMAINING, 0.0) / config.aging_tokens_per_s
+
+
+def is_predicted_long(
+    predicted_output_len: Optional[float], num_generated_tokens: int, config: SchedulingConfig
+) -> bool:
+    """Whether a request belongs to the long class of the tail-safe key (the prior if unknown)."""
+    remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    return remaining >= config.long_output_len
+
+
+def tail_safe_sort_key(
+    predicted_long: bool, arrival_time: float, head_of_line_age_s: float, config: SchedulingConfig
+) -> Tuple[float, float]:
+    """Ascending sort key: arrival time, predicted-long requests pushed back by a share of the queue's age.
+
+    ``head_of_line_age_s`` is the wait so far of the oldest request in the queue, the same for every
+    request when a queue is ordered. Whenever a predicted-long request is compared with a later
+    short-class request it is the oldest of the two class heads, so the push-back is a fraction of
+    its own wait: see :func:`holdback_window_s`.
+    """
+    holdback = config.long_holdback * head_of_line_age_s if predicted_long else 0.0
+    return arrival_time + holdback, arrival_time
+
+
+def holdback_window_s(waited_s: float, config: SchedulingConfig) -> float:
+    """Seconds after its arrival within which requests may overtake a predicted-long request that waited this long.
+
+    The bound of the tail-safe key. Compared with FCFS, a predicted-long request that waits W also
+    waits for the short-class requests that arrived within ``f * W`` after it (``f`` =
+    ``long_holdback``). If those arrive at ``rho_s`` times the rate the instance serves them, that is
+    ``f * W * rho_s`` seconds more, so ``W <= W_fcfs / (1 - f * rho_s)``: at the default 0.05, x1.05 at
+    saturation and x1.11 at 2x overload. Starvation needs ``rho_s >= 1 / f`` (20x overload of the
+    short class at the default); strict priority (``f >= 1``) starves at any overload.
+    """
+    return config.long_holdback * waited_s

@@ -1,4 +1,4 @@
-"""Waiting queues of one serving instance: FCFS, or shortest predicted remaining length first.
+"""Waiting queues of one serving instance: FCFS, shortest predicted remaining first, or tail-safe.
 
 Shaped like vLLM v1's ``request_queue.py``: a policy enum, an abstract queue, one small class per
 policy and a factory. Requests are any objects with the attributes of :class:`SchedulableRequest`
@@ -12,16 +12,17 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from enum import Enum
-from typing import Deque, Iterator, List, Optional, Protocol, Tuple
+from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
-from specforge_outlets.scheduling.keys import SchedulingConfig, sjf_sort_key
+from specforge_outlets.scheduling.keys import SchedulingConfig, is_predicted_long, sjf_sort_key, tail_safe_sort_key
 
 
 class QueuePolicy(Enum):
     """Order in which an instance admits its waiting requests."""
 
     FCFS = "fcfs"
-    SJF = "sjf"
+    SJF = "sjf"  # shortest predicted remaining first, linear aging
+    TAIL_SAFE = "tail-safe"  # FCFS within predicted-length classes, bounded hold-back of the long class
 
 
 class SchedulableRequest(Protocol):
@@ -40,12 +41,12 @@ class RequestQueue(ABC):
         """Add a request according to the policy."""
 
     @abstractmethod
-    def pop_request(self) -> SchedulableRequest:
-        """Remove and return the next request to admit."""
+    def pop_request(self, now: float) -> SchedulableRequest:
+        """Remove and return the next request to admit at time ``now``."""
 
     @abstractmethod
-    def peek_request(self) -> SchedulableRequest:
-        """Return the next request to admit without removing it."""
+    def peek_request(self, now: float) -> SchedulableRequest:
+        """Return the next request to admit at time ``now`` without removing it."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -68,10 +69,10 @@ class FCFSRequestQueue(RequestQueue):
     def add_request(self, request: SchedulableRequest) -> None:
         self._requests.append(request)
 
-    def pop_request(self) -> SchedulableRequest:
+    def pop_request(self, now: float) -> SchedulableRequest:
         return self._requests.popleft()
 
-    def peek_request(self) -> SchedulableRequest:
+    def peek_request(self, now: float) -> SchedulableRequest:
         return self._requests[0]
 
     def __len__(self) -> int:
@@ -99,10 +100,10 @@ class SJFRequestQueue(RequestQueue):
         )
         heapq.heappush(self._heap, (key, next(self._counter), request))
 
-    def pop_request(self) -> SchedulableRequest:
+    def pop_request(self, now: float) -> SchedulableRequest:
         return heapq.heappop(self._heap)[2]
 
-    def peek_request(self) -> SchedulableRequest:
+    def peek_request(self, now: float) -> SchedulableRequest:
         return self._heap[0][2]
 
     def __len__(self) -> int:
@@ -112,10 +113,70 @@ class SJFRequestQueue(RequestQueue):
         return (entry[2] for entry in sorted(self._heap, key=lambda entry: entry[:2]))
 
 
+class TailSafeRequestQueue(RequestQueue):
+    """Earliest arrival first within a short and a predicted-long class; the long head yields to later short ones briefly.
+
+    The class is fixed when a request is added (a waiting request generates nothing), so the next
+    request is one of the two class heads, compared by :func:`tail_safe_sort_key` at the current
+    time: the age of the oldest waiting request (the older head) sets the long class's hold-back.
+    """
+
+    def __init__(self, config: SchedulingConfig) -> None:
+        self._config = config
+        self._short: List[Tuple[float, int, SchedulableRequest]] = []  # heaps on arrival time
+        self._long: List[Tuple[float, int, SchedulableRequest]] = []
+        self._counter = itertools.count()
+
+    def add_request(self, request: SchedulableRequest) -> None:
+        long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, self._config)
+        heapq.heappush(self._long if long else self._short, (request.arrival_time, next(self._counter), request))
+
+    def _next_class(self, now: float) -> List[Tuple[float, int, SchedulableRequest]]:
+        if not self._long or not self._short:
+            return self._long or self._short
+        long_arrival, short_arrival = self._long[0][0], self._short[0][0]
+        age = now - min(long_arrival, short_arrival)
+        long_key = tail_safe_sort_key(True, long_arrival, age, self._config)
+        return self._long if long_key < tail_safe_sort_key(False, short_arrival, age, self._config) else self._short
+
+    def pop_request(self, now: float) -> SchedulableRequest:
+        return heapq.heappop(self._next_class(now))[2]
+
+    def peek_request(self, now: float) -> SchedulableRequest:
+        return self._next_class(now)[0][2]
+
+    def __len__(self) -> int:
+        return len(self._short) + len(self._long)
+
+    def __iter__(self) -> Iterator[SchedulableRequest]:
+        """Admission order if everything were admitted now, at the latest arrival."""
+        requests = [entry[2] for entry in sorted(self._short + self._long, key=lambda entry: entry[1])]
+        return iter(admission_order(requests, QueuePolicy.TAIL_SAFE, self._config))
+
+
 def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> RequestQueue:
     """Create the waiting queue for a policy."""
     if policy is QueuePolicy.FCFS:
         return FCFSRequestQueue()
     if policy is QueuePolicy.SJF:
         return SJFRequestQueue(config)
+    if policy is QueuePolicy.TAIL_SAFE:
+        return TailSafeRequestQueue(config)
     raise ValueError(f"unknown queue policy: {policy!r}")
+
+
+def admission_order(
+    requests: Sequence[SchedulableRequest], policy: QueuePolicy, config: SchedulingConfig, now: Optional[float] = None
+) -> List[SchedulableRequest]:
+    """The order in which a ``policy`` queue holding these requests admits them at time ``now``.
+
+    For schedulers that keep their waiting requests in a list (SGLang sorts its list every step):
+    the same queue code decides, so a sorted list and a simulated queue agree. ``now`` defaults to
+    the latest arrival.
+    """
+    if now is None:
+        now = max((request.arrival_time for request in requests), default=0.0)
+    queue = create_request_queue(policy, config)
+    for request in requests:
+        queue.add_request(request)
+    return [queue.pop_request(now) for _ in range(len(requests))]

@@ -113,8 +113,8 @@ class PrefillInstance:
     def _start_batch(self, now: float) -> None:
         budget, tokens = self.sim.cluster.max_prefill_tokens, 0
         # Like SGLang: admit in queue order until the first prompt that does not fit (one always does).
-        while self.queue and (not self.batch or tokens + self.queue.peek_request().input_len <= budget):
-            request = self.queue.pop_request()
+        while self.queue and (not self.batch or tokens + self.queue.peek_request(now).input_len <= budget):
+            request = self.queue.pop_request(now)
             request.queue_delay += now - request.enqueue_time
             tokens += request.input_len
             self.batch.append(request)
@@ -194,13 +194,13 @@ class EngineInstance:
         if not self.busy:
             self._admit(now)
             self._start_segment(now)
-        elif not self.segment_chunk and self._can_admit_head():
+        elif not self.segment_chunk and self._can_admit_head(now):
             self._cut_segment(now)
 
-    def _can_admit_head(self) -> bool:
+    def _can_admit_head(self, now: float) -> bool:
         if not self.queue or len(self.running) + len(self.prefilling) >= self.max_running:
             return False
-        return self.kv_reserved + self.queue.peek_request().reservation <= self.capacity
+        return self.kv_reserved + self.queue.peek_request(now).reservation <= self.capacity
 
     def _cut_segment(self, now: float) -> None:
         """End the decode segment after the step in progress, so the new request joins the batch."""
@@ -210,8 +210,8 @@ class EngineInstance:
             self._schedule_segment_end(steps)
 
     def _admit(self, now: float) -> None:
-        while self._can_admit_head():
-            request = self.queue.pop_request()
+        while self._can_admit_head(now):
+            request = self.queue.pop_request(now)
             request.queue_delay += now - request.enqueue_time
             self.kv_reserved += request.reservation
             if self.chunked_prefill_size:

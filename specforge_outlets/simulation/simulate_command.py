@@ -6,7 +6,9 @@ import dataclasses
 
 
 def register(subparsers) -> None:
-    from specforge_outlets.scheduling.keys import DEFAULT_AGING_TOKENS_PER_S, DEFAULT_PRIOR_OUTPUT_LEN
+    from specforge_outlets.scheduling.keys import (
+        DEFAULT_AGING_TOKENS_PER_S, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN, DEFAULT_PRIOR_OUTPUT_LEN,
+    )
 
     parser = subparsers.add_parser(
         "simulate",
@@ -31,7 +33,7 @@ def register(subparsers) -> None:
                         help="arrival-rate multipliers to sweep (default 1)")
     parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
                         choices=["round-robin", "least-requests", "least-predicted-work"])
-    parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf"], choices=["fcfs", "sjf"])
+    parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"], choices=["fcfs", "sjf", "tail-safe"])
     parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file"],
                         help="predictor of the policy grid (default noisy)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
@@ -46,6 +48,11 @@ def register(subparsers) -> None:
                         help="output length assumed for requests without a prediction")
     parser.add_argument("--aging-rate", type=float, default=DEFAULT_AGING_TOKENS_PER_S,
                         help="SJF aging: tokens of predicted length one second of waiting is worth (0: none)")
+    parser.add_argument("--long-output-len", type=float, default=DEFAULT_LONG_OUTPUT_LEN,
+                        help="tail-safe: predicted remaining length from which a request is in the long class")
+    parser.add_argument("--long-holdback", type=float, default=DEFAULT_LONG_HOLDBACK,
+                        help="tail-safe: share of its own wait within which later short requests may overtake a "
+                             "predicted-long one (0: FCFS; < 1: no starvation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
@@ -71,9 +78,9 @@ def run(args) -> int:
                 raise OutletsError(f"--num-requests must be at least 1, got {args.num_requests}")
             trace = trace.head(args.num_requests)
     try:
-        scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate)
+        scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate, args.long_output_len, args.long_holdback)
     except ValueError as exc:
-        raise OutletsError(f"--prior-output-len/--aging-rate: {exc}") from None
+        raise OutletsError(f"--prior-output-len/--aging-rate/--long-output-len/--long-holdback: {exc}") from None
     if args.short_threshold < 1:
         raise OutletsError(f"--short-threshold must be at least 1, got {args.short_threshold}")
     predictor = PredictorKind(args.predictor)
