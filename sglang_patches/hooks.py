@@ -15,7 +15,7 @@ import sys
 import time
 
 from sglang_patches import predictions as P
-from specforge_outlets.scheduling import admission_order
+from specforge_outlets.scheduling import admission_order, predicted_output_budget, retraction_order_key
 from sglang_patches.settings import (
     FLAGS,
     META_INFO_KEY,
@@ -29,6 +29,7 @@ logger = logging.getLogger("sglang_patches")
 
 _SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 _POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
+_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _DECODE_MIXIN = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin"
@@ -192,10 +193,22 @@ def retraction_order_around(original, reqs):
     if not schedule_policy_is_outlets():
         return original(reqs)
     config = settings().scheduling
-    # Most preferred to keep first; the loop retracts from the end: longest predicted remaining.
-    order = list(range(len(reqs)))
-    order.sort(key=lambda i: (P.remaining(reqs[i], config), -P.arrival_time(reqs[i])))
-    return order
+    # Most preferred to keep first; SGLang's loop retracts from the end.
+    keys = [retraction_order_key(P.prediction(req), P.num_generated(req), P.arrival_time(req), config) for req in reqs]
+    return sorted(range(len(reqs)), key=keys.__getitem__)
+
+
+def running_token_offset_around(original, self, req):
+    """KV admission by prediction: a running request holds its predicted remaining (+ margin) of output KV."""
+    margin = settings().kv_margin
+    if margin is None or not schedule_policy_is_outlets() or P.prediction(req) is None:
+        return original(self, req)
+    if getattr(getattr(req, "sampling_params", None), "ignore_eos", False):
+        return original(self, req)  # runs to max_new_tokens whatever is predicted
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    cap = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+    return predicted_output_budget(P.prediction(req), P.num_generated(req), margin, cap, settings().scheduling)
 
 
 def prebuilt_batch_around(original, self, running_batch, *args, **kwargs):
@@ -288,11 +301,12 @@ def log_startup(where: str) -> None:
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
+    kv = "SGLang's estimate" if current.kv_margin is None else f"predicted +{current.kv_margin:g}"
     logger.info(
         "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g), "
-        "prior_output_len=%g, hooks applied: %d/%d",
+        "kv_admission=%s, prior_output_len=%g, hooks applied: %d/%d",
         where, mode, current.order.value, config.long_output_len, config.long_holdback, config.aging_tokens_per_s,
-        config.prior_output_len, len(applied_targets()), len(HOOK_TARGETS),
+        kv, config.prior_output_len, len(applied_targets()), len(HOOK_TARGETS),
     )
     missing = sorted(set(HOOK_TARGETS) - set(applied_targets()))
     if missing:
@@ -314,6 +328,7 @@ def _targets():
         (f"{_POLICY}.calc_priority", calc_priority_around, "AROUND"),
         (f"{_SCHEDULER}._add_request_to_queue", add_request_to_queue_before, "BEFORE"),
         (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND"),
+        (f"{_ADDER}._get_running_request_total_token_offset", running_token_offset_around, "AROUND"),
         (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND"),
         (f"{_TOKENIZER}.update_request_meta_info", update_meta_info_after, "AFTER"),
         (f"{_INQUIRER}.get_loads", routing.get_loads_around, "AROUND"),

@@ -17,6 +17,7 @@ from typing import Mapping, Optional
 
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
+    DEFAULT_KV_MARGIN,
     DEFAULT_LONG_HOLDBACK,
     DEFAULT_LONG_OUTPUT_LEN,
     DEFAULT_PRIOR_OUTPUT_LEN,
@@ -31,6 +32,7 @@ ENV_AGING = "OUTLETS_AGING_TOKENS_PER_S"
 ENV_ORDER = "OUTLETS_ORDER"
 ENV_LONG_OUTPUT_LEN = "OUTLETS_LONG_OUTPUT_LEN"
 ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
+ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
@@ -61,6 +63,11 @@ FLAGS = (
      f"OUTLETS tail-safe: a predicted-long request that waited W s yields to short ones that arrived within "
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority). "
      "Env: " + ENV_LONG_HOLDBACK),
+    ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
+     "OUTLETS: KV admission by prediction. A running request with a prediction is charged its predicted "
+     "remaining length x (1 + this margin), at most SGLang's own estimate's cap, instead of new_token_ratio x "
+     f"its remaining max_new_tokens (unset: SGLang's estimate; {DEFAULT_KV_MARGIN:g} is the simulator's "
+     "choice). Env: " + ENV_KV_MARGIN),
     ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
      f"OUTLETS sjf: tokens of predicted remaining length one second of waiting is worth (default "
      f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound). Env: " + ENV_AGING),
@@ -76,6 +83,7 @@ class PluginSettings:
     scheduling: SchedulingConfig
     order: QueuePolicy
     draft_path: Optional[str]
+    kv_margin: Optional[float] = None  # None: SGLang's own KV estimate
 
 
 def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
@@ -104,8 +112,13 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         raise OutletsSettingsError(
             f"{ENV_ORDER} (--outlets-order)={order_name!r}: choose one of {', '.join(orders)}"
         )
+    kv_margin = None
+    if env.get(ENV_KV_MARGIN):
+        kv_margin = _float_env(env, ENV_KV_MARGIN, 0.0)
+        if not (kv_margin >= 0 and math.isfinite(kv_margin)):
+            raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={kv_margin}: must be a number >= 0")
     draft = env.get(ENV_DRAFT) or None
-    return PluginSettings(scheduling=config, order=orders[order_name], draft_path=draft)
+    return PluginSettings(scheduling=config, order=orders[order_name], draft_path=draft, kv_margin=kv_margin)
 
 
 def validate_draft_dir(path: str) -> dict:

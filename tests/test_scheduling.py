@@ -26,6 +26,7 @@ from specforge_outlets.scheduling import (
     holdback_window_s,
     create_router,
     least_predicted_work_rank,
+    predicted_output_budget,
     predicted_remaining,
     rank_load,
     sjf_sort_key,
@@ -225,6 +226,15 @@ def test_admission_order_matches_popping_the_queue():
         for request in requests:
             queue.add_request(request)
         assert [r.name for r in admission_order(requests, policy, config, now=45.0)] == drain(queue, now=45.0)
+
+
+# --- KV budget ------------------------------------------------------------------------------------
+def test_predicted_output_budget_is_remaining_plus_margin_capped():
+    config = SchedulingConfig(prior_output_len=100)
+    assert predicted_output_budget(300, 100, margin=0.2, cap=1024, config=config) == 240  # 200 left x 1.2
+    assert predicted_output_budget(300, 100, margin=0.2, cap=150, config=config) == 150
+    assert predicted_output_budget(None, 0, margin=0.0, cap=1024, config=config) == 100  # the prior
+    assert predicted_output_budget(10, 50, margin=0.5, cap=1024, config=config) == 2  # past its prediction: 1 left
 
 
 # --- routing --------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ if STUBS not in sys.path:
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, aging_window_s  # noqa: E402
 from sglang_patches import hooks, predictions as P, routing  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_ORDER, ENV_PRIOR, OutletsSettingsError,
-    read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_ORDER, ENV_PRIOR,
+    OutletsSettingsError, read_settings, validate_draft_dir,
 )
 
 
@@ -49,7 +49,7 @@ def keep_logging():
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK):
+    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(hooks, "_settings", None)
     yield
@@ -228,18 +228,20 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
 def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loaded, monkeypatch):
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    reqs = [request("a", 100, generated=10), request("b", 30), request("c", 500, generated=100), request("d", None)]
+    reqs = [request("a", 100, generated=10), request("b", 30), request("c", 500, generated=100), request("d", None),
+            request("e-late", 30, arrival=5.0)]
     monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
     order = ScheduleBatch._get_decode_retraction_order(reqs)
-    # most preferred to keep first; SGLang pops from the end: c (400 left) goes first, then d (256)
-    assert [reqs[i].rid for i in order] == ["b", "a", "d", "c"]
+    # most preferred to keep first; SGLang pops from the end: c (400 left) goes first, then d (256);
+    # of b and e-late (30 left each) the later arrival is retracted first
+    assert [reqs[i].rid for i in order] == ["b", "e-late", "a", "d", "c"]
     monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
     from sglang.srt.managers import schedule_batch
 
     monkeypatch.setattr(schedule_batch, "get_schedule", lambda: SimpleNamespace(retraction_policy="length"))
     for req in reqs:
         req.origin_input_ids = [1, 2]
-    assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3]  # stock: longest output kept
+    assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3, 4]  # stock: longest output kept
 
 
 def test_meta_info_gets_one_scalar_prediction(plugins_loaded):
@@ -300,6 +302,33 @@ def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded)
     assert LoadBalanceMethod.from_str("round_robin") is LoadBalanceMethod.ROUND_ROBIN
     with pytest.raises(ValueError):
         LoadBalanceMethod.from_str("bogus")
+
+
+def test_kv_admission_by_prediction_charges_running_requests_their_predicted_remaining(plugins_loaded, monkeypatch):
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    adder = SimpleNamespace(new_token_ratio=0.5)
+
+    def running(predicted, generated, max_new=1000, ignore_eos=False):
+        req = request("r", predicted, generated=generated)
+        req.sampling_params = SimpleNamespace(max_new_tokens=max_new, ignore_eos=ignore_eos, custom_params=None)
+        return req
+
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
+    offset = PrefillAdder._get_running_request_total_token_offset
+    assert offset(adder, running(300, 100)) == 450  # no margin set: SGLang's 0.5 x (1000 - 100)
+    monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
+    hooks._settings = None
+    assert offset(adder, running(300, 100)) == 240  # (300 - 100) x 1.2
+    assert offset(adder, running(5000, 100)) == 900  # at most what is left of max_new_tokens
+    assert offset(adder, running(None, 100)) == 450  # no prediction: SGLang's estimate
+    assert offset(adder, running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
+    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    assert offset(adder, running(300, 100)) == 450
+    monkeypatch.setenv(ENV_KV_MARGIN, "-1")
+    hooks._settings = None
+    with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN"):
+        read_settings()
 
 
 def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):

@@ -50,13 +50,14 @@ def burst(server):
 
 class TestOutletsPolicy:
     """The default order (tail-safe) with strict priority of the short class (hold-back 1), so that
-    the expected order does not depend on how long the burst waited."""
+    the expected order does not depend on how long the burst waited; KV admission by prediction on."""
 
     @pytest.fixture(scope="class")
     def server(self, chat_target, tmp_path_factory):
         server = start_server(chat_target, str(tmp_path_factory.mktemp("outlets-log")),
                               ["--schedule-policy", "outlets", "--max-running-requests", "1", "--enable-metrics",
-                               "--outlets-long-output-len", "600", "--outlets-long-holdback", "1"])
+                               "--outlets-long-output-len", "600", "--outlets-long-holdback", "1",
+                               "--outlets-kv-margin", "0.2"])
         yield server
         server.stop()
 
@@ -87,7 +88,8 @@ class TestOutletsPolicy:
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
         match = re.search(r"OUTLETS schedule-policy: mode=(.*?), order=tail-safe \(long_output_len=600, "
-                          r"long_holdback=1, .*prior_output_len=256, hooks applied: (\d+)/(\d+)", log)
+                          r"long_holdback=1, .*kv_admission=predicted \+0.2, prior_output_len=256, "
+                          r"hooks applied: (\d+)/(\d+)", log)
         assert match, log[-3000:]
         assert match.group(1).startswith("external predictions")
         assert match.group(2) == match.group(3)

@@ -161,14 +161,90 @@ def test_aging_bounds_the_wait_of_a_long_request_under_overload(unit_steps):
     assert np.all(aged.finish_times[2:][~after[2:]] < aged.finish_times[1])
 
 
+# --- KV admission by predicted length ---------------------------------------------------------------
+def test_predicted_admission_runs_requests_together_that_full_reservations_serialise(unit_steps):
+    # Reserving max_new_tokens (20) each, A (30) and B (30) do not fit 50 tokens together: B waits
+    # for A (11 s). Reserving prompt + generated + exact remaining (A 21, B 14) they decode side by
+    # side: B joins at 2 s and finishes 3 steps later, nothing is retracted.
+    trace = make_trace([(0.0, 10, 11), (0.1, 10, 4)])
+    full = simulate(trace, pd_cluster(max_running_requests=8, kv_capacity_tokens=50, max_new_tokens=20))
+    assert full.finish_times.tolist() == pytest.approx([11.0, 14.0])
+    predicted = simulate(trace, pd_cluster(max_running_requests=8, kv_capacity_tokens=50, max_new_tokens=20,
+                                           kv_admission="predicted", kv_prediction_margin=0.0))
+    assert predicted.finish_times.tolist() == pytest.approx([11.0, 5.0])
+    assert predicted.retractions.tolist() == [0, 0]
+
+
+def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
+    # Both predicted at 3 tokens: A (10 left) and B (3 left) reserve 13 each and are admitted into 26
+    # tokens. At 3 s the next step would overflow (25 + 2 > 26): of the two (1 predicted token left
+    # each) the later arrival, B, is retracted with its 2 tokens. A finishes at 11 s; B is readmitted
+    # with a full reservation, recomputed (10 + 2 prompt tokens, one step, 11-12 s) and resumes.
+    trace = make_trace([(0.0, 10, 11), (0.1, 10, 4)])
+    cluster = pd_cluster(max_running_requests=8, kv_capacity_tokens=26, kv_admission="predicted",
+                         kv_prediction_margin=0.0)
+    result = simulate(trace, cluster, predictions=[3.0, 3.0])
+    assert result.finish_times.tolist() == pytest.approx([11.0, 14.0])
+    assert result.retractions.tolist() == [0, 1]
+    assert result.queue_delays.tolist() == pytest.approx([0.0, 0.9 + (11.0 - 3.0)])
+    assert result.first_token_times.tolist() == pytest.approx([1.0, 2.0])  # recomputation is not a first token
+
+
+def test_predicted_admission_never_overflows_the_cache_and_bounds_retractions(monkeypatch):
+    from specforge_outlets.simulation.engine import EngineInstance
+
+    original = EngineInstance._start_segment
+    overflows = []
+
+    def checked(self, now):
+        original(self, now)
+        if self.busy and not self.segment_chunk and len(self.running) > 1:
+            used = self.kv_tokens + self.kv_prefilling + len(self.running) * self.segment_steps
+            overflows.extend([used - self.capacity] if used > self.capacity else [])
+
+    monkeypatch.setattr(EngineInstance, "_start_segment", checked)
+    lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
+    trace = synthetic_poisson(lengths, rate_rps=200.0, num_requests=300, seed=1)
+    cluster = cluster_config_from_dict({"decode_instances": 2, "max_running_requests": 64, "kv_capacity_tokens": 20_000,
+                                        "kv_admission": "predicted"}, "test")
+    degraded = predict_lengths(PredictorKind.NOISY, trace, 0, noise_sigma=1.0)
+    result = simulate(trace, cluster, "least-predicted-work", "tail-safe", predictions=degraded)
+    assert not overflows
+    assert np.all(np.isfinite(result.finish_times))
+    assert result.retractions.sum() > 0  # the path is exercised
+
+
+def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retraction_limit():
+    from specforge_outlets.simulation.engine import SimRequest
+
+    cluster = pd_cluster(max_retractions=2)
+    sim = Simulation(THREE, [None] * 3, cluster, Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS), SchedulingConfig())
+    engine = sim.engines[0]
+    engine.steps_done = 10
+    requests = {}
+    for index, (predicted, arrival, retractions) in enumerate([(500, 0.0, 0), (900, 1.0, 2), (500, 2.0, 0), (100, 3.0, 0)]):
+        request = SimRequest(index, arrival, 10, 1000, predicted, 0)
+        request.predicted_output_len, request.join_step, request.retractions = predicted, 0, retractions
+        requests[index] = request
+    engine.running = dict(requests)
+    # 900 predicted has the most left but was retracted twice already; of the two 500s the later
+    # arrival goes
+    assert engine._retraction_victim().index == 2
+    for request in requests.values():
+        request.retractions = 2
+    assert engine._retraction_victim().index == 1  # all at the limit: the longest again
+
+
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe"])
-def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue):
+@pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
+def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
     trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
     cluster = cluster_config_from_dict({"mode": mode, "decode_instances": 2, "instances": 2,
-                                        "max_running_requests": 32, "kv_capacity_tokens": 40_000}, "test")
+                                        "max_running_requests": 32, "kv_capacity_tokens": 40_000,
+                                        "kv_admission": kv_admission}, "test")
     result = simulate(trace, cluster, routing, queue, predictions=predict_lengths(PredictorKind.NOISY, trace, 0))
     assert np.all(np.isfinite(result.finish_times))
     assert np.all(result.first_token_times > result.arrival_times)
@@ -228,6 +304,9 @@ def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
     ("gpu: A100\n", "gpu must be one of"),
     ("kv_transfer_bandwidth: -1\n", "kv_transfer_bandwidth must be a positive number"),
     ("memory_fraction: 0.1\n", "does not fit on H100-SXM"),
+    ("kv_admission: guess\n", "kv_admission must be one of max-new-tokens, predicted"),
+    ("kv_prediction_margin: -0.1\n", "kv_prediction_margin must be a non-negative number"),
+    ("max_retractions: 0\n", "max_retractions must be a positive integer"),
 ])
 def test_bad_cluster_configs_name_the_field(tmp_path, text, message):
     with pytest.raises(OutletsError, match=message):

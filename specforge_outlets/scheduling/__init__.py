@@ -1,4 +1,4 @@
-"""Shared scheduling core: the ordering keys (SJF with aging, tail-safe), waiting queues and routing.
+"""Shared scheduling core: the ordering keys (SJF with aging, tail-safe), waiting queues, routing and KV budgets.
 
 Pure Python (no torch, no SGLang) so that the SGLang plugin and the serving simulator use the same
 code: what is simulated is what is served.
@@ -15,9 +15,11 @@ from specforge_outlets.scheduling.keys import (
     holdback_window_s,
     is_predicted_long,
     predicted_remaining,
+    retraction_order_key,
     sjf_sort_key,
     tail_safe_sort_key,
 )
+from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN, predicted_output_budget
 from specforge_outlets.scheduling.request_queue import (
     FCFSRequestQueue,
     QueuePolicy,
@@ -51,8 +53,11 @@ __all__ = [
     "holdback_window_s",
     "is_predicted_long",
     "predicted_remaining",
+    "retraction_order_key",
     "sjf_sort_key",
     "tail_safe_sort_key",
+    "DEFAULT_KV_MARGIN",
+    "predicted_output_budget",
     "FCFSRequestQueue",
     "QueuePolicy",
     "RequestQueue",

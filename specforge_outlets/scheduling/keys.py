@@ -100,6 +100,17 @@ def aging_window_s(predicted_remaining_tokens: float, config: SchedulingConfig) 
     return max(predicted_remaining_tokens - MIN_PREDICTED_REMAINING, 0.0) / config.aging_tokens_per_s
 
 
+def retraction_order_key(
+    predicted_output_len: Optional[float], num_generated_tokens: int, arrival_time: float, config: SchedulingConfig
+) -> Tuple[float, float]:
+    """Ascending = most worth keeping under KV pressure; retract from the end (longest predicted remaining, then the later arrival).
+
+    The request expected to hold its cache longest frees the most for the others, and of two equal
+    ones the later arrival has waited and generated less.
+    """
+    return predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len), arrival_time
+
+
 def is_predicted_long(
     predicted_output_len: Optional[float], num_generated_tokens: int, config: SchedulingConfig
 ) -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.scheduling import DEFAULT_KV_MARGIN
 from specforge_outlets.simulation.hardware import (
     DEFAULT_BANDWIDTH_EFFICIENCY,
     DEFAULT_MEMORY_FRACTION,
@@ -33,6 +34,17 @@ class ClusterMode(Enum):
 
     DISAGGREGATED = "disaggregated"  # prefill instances, KV transfer, decode instances
     COLOCATED = "colocated"  # each instance runs continuous batching with chunked prefill
+
+
+class KVAdmission(Enum):
+    """How much KV cache a request reserves when a decode (or colocated) instance admits it."""
+
+    # prompt + max(max_new_tokens, its output): the cache can never overflow, nothing is retracted
+    MAX_NEW_TOKENS = "max-new-tokens"
+    # prompt + generated + predicted remaining x (1 + kv_prediction_margin), at most max_new_tokens
+    # (max_new_tokens without a prediction, and after a retraction); when the cache fills, the
+    # longest predicted remaining is retracted and recomputed later
+    PREDICTED = "predicted"
 
 
 class PredictionPoint(Enum):
@@ -61,6 +73,9 @@ class ClusterConfig:
     kv_transfer_bandwidth: float = 50e9  # bytes/s between prefill and decode (400 Gb/s RDMA)
     kv_transfer_latency_s: float = 0.002  # fixed cost per transfer
     predict_at: PredictionPoint = PredictionPoint.PREFILL
+    kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
+    kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
+    max_retractions: int = 2  # retract a request this often at most, unless no other is running
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     prefill_mfu: float = DEFAULT_PREFILL_MFU
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
@@ -82,13 +97,13 @@ class ClusterConfig:
         return input_len + np.maximum(self.max_new_tokens, output_len)
 
 
-_ENUM_FIELDS = {"mode": ClusterMode, "predict_at": PredictionPoint}
+_ENUM_FIELDS = {"mode": ClusterMode, "predict_at": PredictionPoint, "kv_admission": KVAdmission}
 _POSITIVE_INT_FIELDS = (
     "prefill_instances", "decode_instances", "instances", "max_running_requests", "max_new_tokens",
-    "max_prefill_tokens", "chunked_prefill_size",
+    "max_prefill_tokens", "chunked_prefill_size", "max_retractions",
 )
 _POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu")
-_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s")
+_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin")
 
 
 def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConfig:

@@ -32,10 +32,12 @@ from specforge_outlets.scheduling import (
     create_request_queue,
     create_router,
     least_requests_rank,
+    predicted_output_budget,
     predicted_remaining,
     rank_load,
+    retraction_order_key,
 )
-from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, PredictionPoint
+from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
 from specforge_outlets.simulation.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
@@ -63,6 +65,7 @@ class SimulationResult:
     finish_times: np.ndarray
     queue_delays: np.ndarray
     output_lens: np.ndarray
+    retractions: np.ndarray  # times each request was retracted (KV cache full)
 
 
 class SimRequest:
@@ -70,8 +73,8 @@ class SimRequest:
 
     __slots__ = (
         "index", "arrival_time", "input_len", "output_len", "prediction", "predicted_output_len",
-        "num_generated_tokens", "reservation", "enqueue_time", "queue_delay", "pending_work",
-        "prefill_left", "join_step", "first_token_time", "finish_time",
+        "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
+        "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
@@ -83,12 +86,16 @@ class SimRequest:
         self.prediction = prediction  # revealed to the scheduler at the cluster's prediction point
         self.predicted_output_len: Optional[float] = None
         self.num_generated_tokens = 0
-        self.reservation = reservation
+        self.reservation = reservation  # KV tokens reserved at the current admission
+        self.full_reservation = reservation  # prompt + max(max_new_tokens, output): can never overflow
         self.enqueue_time = 0.0
         self.queue_delay = 0.0
         self.pending_work = 0.0  # this request's share of its instance's waiting work
         self.prefill_left = input_len
+        self.prefill_claim = 0  # KV tokens its prefill (or recomputation) holds while it runs
         self.join_step = 0
+        self.finish_step = -1  # the step its decode ends; -1 while not decoding
+        self.retractions = 0
         self.first_token_time = np.nan
         self.finish_time = np.nan
 
@@ -134,12 +141,21 @@ class EngineInstance:
     Steps are counted per instance; a running request's generated tokens are
     ``1 + steps_done - join_step`` (the first token comes from prefill), so advancing a segment
     touches no request.
+
+    KV cache: admission reserves tokens per request (``ClusterConfig.kv_admission``) and admits while
+    the reservations and the cache in use both leave room. With reservations below a request's real
+    length the cache in use can outgrow them; a decode segment then also ends where the next step
+    would overflow, and the instance retracts running requests (longest predicted remaining first,
+    ``retraction_order_key``, at most ``max_retractions`` times each unless no other is running).
+    A retracted request keeps its tokens, goes back to the waiting queue with its original arrival
+    time and is recomputed (its prompt and tokens prefilled again) when readmitted.
     """
 
     def __init__(self, sim: "Simulation", chunked_prefill_size: int) -> None:
         self.sim = sim
         self.model = sim.model
         self.chunked_prefill_size = chunked_prefill_size  # 0: decode only
+        self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
         self.queue = create_request_queue(sim.policy.queue, sim.scheduling)
@@ -150,6 +166,7 @@ class EngineInstance:
         self.pending_work = 0.0  # predicted work of requests not yet decoding
         self.steps_done = 0
         self.kv_tokens = 0  # context tokens of running requests after steps_done steps
+        self.kv_prefilling = 0  # tokens held by requests being prefilled or recomputed
         self.kv_reserved = 0
         # The segment in progress.
         self.busy = False
@@ -197,10 +214,27 @@ class EngineInstance:
         elif not self.segment_chunk and self._can_admit_head(now):
             self._cut_segment(now)
 
+    def _reservation(self, request: SimRequest) -> int:
+        """KV tokens to reserve for a request about to be admitted."""
+        cluster = self.sim.cluster
+        if (cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
+                or request.retractions):
+            return request.full_reservation
+        budget = predicted_output_budget(request.predicted_output_len, request.num_generated_tokens,
+                                         cluster.kv_prediction_margin, cluster.max_new_tokens, self.sim.scheduling)
+        return request.input_len + request.num_generated_tokens + budget
+
+    def _kv_in_use(self) -> int:
+        return self.kv_tokens + self.kv_prefilling
+
     def _can_admit_head(self, now: float) -> bool:
         if not self.queue or len(self.running) + len(self.prefilling) >= self.max_running:
             return False
-        return self.kv_reserved + self.queue.peek_request(now).reservation <= self.capacity
+        needed = self._reservation(self.queue.peek_request(now))
+        # in use: the cache after one more step of the running requests (never above the
+        # reservations when every request reserves its full length)
+        in_use = self._kv_in_use() + len(self.running)
+        return max(self.kv_reserved, in_use) + needed <= self.capacity
 
     def _cut_segment(self, now: float) -> None:
         """End the decode segment after the step in progress, so the new request joins the batch."""
@@ -213,40 +247,82 @@ class EngineInstance:
         while self._can_admit_head(now):
             request = self.queue.pop_request(now)
             request.queue_delay += now - request.enqueue_time
+            request.reservation = self._reservation(request)
             self.kv_reserved += request.reservation
-            if self.chunked_prefill_size:
+            if self.chunked_prefill_size or request.retractions:
+                request.prefill_claim = request.prefill_left
+                self.kv_prefilling += request.prefill_claim
                 self.prefilling.append(request)
             else:
                 self._start_decoding(request)
 
     def _start_decoding(self, request: SimRequest) -> None:
+        """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
         self.pending_work -= request.pending_work
-        request.num_generated_tokens = 1
-        request.join_step = self.steps_done
+        generated = max(request.num_generated_tokens, 1)
+        request.num_generated_tokens = generated
+        request.join_step = self.steps_done - (generated - 1)
+        request.finish_step = self.steps_done + request.output_len - generated
         self.running[request.index] = request
-        self.kv_tokens += request.input_len + 1
-        heapq.heappush(self.finish_heap, (self.steps_done + request.output_len - 1, request.index, request))
+        self.kv_tokens += request.input_len + generated
+        heapq.heappush(self.finish_heap, (request.finish_step, request.index, request))
+
+    def _next_finish_step(self) -> int:
+        """Step at which the next running request finishes (drops entries of retracted runs)."""
+        while self.finish_heap[0][2].finish_step != self.finish_heap[0][0]:
+            heapq.heappop(self.finish_heap)
+        return self.finish_heap[0][0]
+
+    def _make_room(self, now: float) -> None:
+        """Retract running requests until every one of them can decode one more token."""
+        while len(self.running) > 1 and self._kv_in_use() + len(self.running) > self.capacity:
+            self._retract(now, self._retraction_victim())
+
+    def _retraction_victim(self) -> SimRequest:
+        config, limit = self.sim.scheduling, self.sim.cluster.max_retractions
+        candidates = [r for r in self.running.values() if r.retractions < limit] or list(self.running.values())
+        return max(candidates, key=lambda r: retraction_order_key(
+            r.predicted_output_len, 1 + self.steps_done - r.join_step, r.arrival_time, config))
+
+    def _retract(self, now: float, request: SimRequest) -> None:
+        generated = 1 + self.steps_done - request.join_step
+        del self.running[request.index]
+        request.finish_step = -1
+        self.kv_tokens -= request.input_len + generated
+        self.kv_reserved -= request.reservation
+        request.num_generated_tokens = generated
+        request.retractions += 1
+        request.prefill_left = request.input_len + generated  # recomputed when readmitted
+        request.pending_work = predicted_remaining(
+            request.predicted_output_len, generated, self.sim.scheduling.prior_output_len
+        )
+        self.pending_work += request.pending_work
+        request.enqueue_time = now
+        self.queue.add_request(request)
 
     # --- segments -------------------------------------------------------------------------------
     def _start_segment(self, now: float) -> None:
+        self._make_room(now)
         self.segment_start, self.segment_batch, self.segment_kv = now, len(self.running), self.kv_tokens
         self.segment_chunk = []
         if self.prefilling:
             # A mixed step: every running request decodes one token, prompts take the chunk budget.
-            budget = self.chunked_prefill_size
+            budget = self.recompute_chunk
             for request in self.prefilling:
                 tokens = min(request.prefill_left, budget)
                 self.segment_chunk.append((request, tokens))
                 budget -= tokens
                 if budget == 0:
                     break
-            prefill_tokens = self.chunked_prefill_size - budget
+            prefill_tokens = self.recompute_chunk - budget
             self.busy = True
             self.segment_steps = 1
             self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens))
         elif self.running:
             self.busy = True
-            self._schedule_segment_end(self.finish_heap[0][0] - self.steps_done)
+            # up to the next finish, or to the last step before the cache would overflow
+            room = (self.capacity - self._kv_in_use()) // len(self.running)
+            self._schedule_segment_end(max(min(self._next_finish_step() - self.steps_done, room), 1))
         else:
             self.busy = False
 
@@ -265,7 +341,9 @@ class EngineInstance:
         self.steps_done += self.segment_steps
         self.kv_tokens += self.segment_batch * self.segment_steps
         while self.finish_heap and self.finish_heap[0][0] <= self.steps_done:
-            _, index, request = heapq.heappop(self.finish_heap)
+            step, index, request = heapq.heappop(self.finish_heap)
+            if request.finish_step != step:  # an entry of a run that was retracted
+                continue
             del self.running[index]
             self.kv_tokens -= request.input_len + request.output_len
             self.kv_reserved -= request.reservation
@@ -274,6 +352,10 @@ class EngineInstance:
             request.prefill_left -= tokens
             if request.prefill_left == 0:
                 self.prefilling.popleft()
+                self.kv_prefilling -= request.prefill_claim
+                if request.retractions:  # recomputed: it resumes where it was retracted
+                    self._start_decoding(request)
+                    continue
                 self.sim.first_token(now, request)
                 if request.output_len == 1:
                     self.pending_work -= request.pending_work
@@ -338,6 +420,7 @@ class Simulation:
             np.array([r.finish_time for r in requests]),
             np.array([r.queue_delay for r in requests]),
             np.array([r.output_len for r in requests]),
+            np.array([r.retractions for r in requests]),
         )
 
     # --- request life cycle ---------------------------------------------------------------------
