@@ -14,7 +14,9 @@ core, so the numbers are for the code the SGLang plugin serves with.
 - Predictions: exact, noisy (log-normal sigma 0.5), degraded (sigma 1.0: the error doubled), and
   with ``--predictions FILE`` errors sampled from an ``outlets eval`` predictions file by true length.
 - Orders: FCFS (the baseline of every ratio), plain SJF (no aging), SJF with the default aging, and
-  the tail-safe key at several hold-backs (the trade-off curve).
+  the tail-safe key at several hold-backs (the trade-off curve). With ``--kv-admission predicted``
+  the orders under test also reserve KV by predicted length (benchmarks/kv_admission.py); the FCFS
+  baseline still reserves max_new_tokens.
 
 Writes ``results.jsonl`` (one row per run), ``tail_safe.md`` (worst case over the sweep per order,
 the gain near saturation, and the issue's done-when per order) and ``tradeoff.png``.
@@ -26,6 +28,7 @@ the gain near saturation, and the issue's done-when per order) and ``tradeoff.pn
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from specforge_outlets.scheduling import DEFAULT_LONG_HOLDBACK, QueuePolicy, RoutingPolicy, SchedulingConfig
-from specforge_outlets.simulation.cluster import load_cluster_config
+from specforge_outlets.simulation.cluster import KVAdmission, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation, SimulationResult
 from specforge_outlets.simulation.metrics import summarize
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
@@ -114,8 +117,9 @@ def ratios(metrics: Dict, fcfs: Dict) -> Dict[str, float]:
     }
 
 
-def sweep(num_requests: int, predictions_path: Optional[str], progress=print) -> List[Dict]:
-    cluster = load_cluster_config(CLUSTER)
+def sweep(num_requests: int, predictions_path: Optional[str], kv_admission: KVAdmission, progress=print) -> List[Dict]:
+    baseline_cluster = load_cluster_config(CLUSTER)  # FCFS, reserving max_new_tokens: the baseline
+    cluster = dataclasses.replace(baseline_cluster, kv_admission=kv_admission)
     qualities = dict(NOISE, **({"outlets-measured": None} if predictions_path else {}))
     rows = []
     for workload, trace in workloads(num_requests).items():
@@ -127,7 +131,7 @@ def sweep(num_requests: int, predictions_path: Optional[str], progress=print) ->
                 predictions = predict_lengths(PredictorKind.NOISY, trace, 0, sigma)
             for scale in scales:
                 scaled = trace.scaled(scale)
-                fcfs = simulate(scaled, predictions, cluster, QueuePolicy.FCFS, SchedulingConfig())
+                fcfs = simulate(scaled, predictions, baseline_cluster, QueuePolicy.FCFS, SchedulingConfig())
                 for order in orders():
                     row = {"workload": workload, "predictions": quality, "rate_scale": scale, "order": order.name,
                            **ratios(simulate(scaled, predictions, cluster, order.queue, order.scheduling), fcfs)}
@@ -225,6 +229,8 @@ def main() -> int:
     parser.add_argument("--num-requests", type=int, default=8000)
     parser.add_argument("--predictions", help="outlets eval predictions JSONL (with true_output_len) to sample errors from")
     parser.add_argument("--from-results", help="an earlier run's results.jsonl: only rebuild the table and the plot")
+    parser.add_argument("--kv-admission", default="max-new-tokens", choices=[k.value for k in KVAdmission],
+                        help="KV admission of the orders under test (the FCFS baseline reserves max_new_tokens)")
     args = parser.parse_args()
     if args.from_results:
         with open(args.from_results, encoding="utf-8") as handle:
@@ -233,7 +239,8 @@ def main() -> int:
         print(f"no trace at {os.path.abspath(TRACE)}; nothing to measure")
         return 1
     else:
-        rows = sweep(args.num_requests, args.predictions, progress=lambda line: print(line, flush=True))
+        rows = sweep(args.num_requests, args.predictions, KVAdmission(args.kv_admission),
+                     progress=lambda line: print(line, flush=True))
     os.makedirs(args.output, exist_ok=True)
     if not args.from_results:
         with open(os.path.join(args.output, "results.jsonl"), "w", encoding="utf-8") as handle:

@@ -194,7 +194,8 @@ def retraction_order_around(original, reqs):
         return original(reqs)
     config = settings().scheduling
     # Most preferred to keep first; SGLang's loop retracts from the end.
-    keys = [retraction_order_key(P.prediction(req), P.num_generated(req), P.arrival_time(req), config) for req in reqs]
+    keys = [retraction_order_key(P.prediction(req), P.num_generated(req), P.arrival_time(req),
+                                 getattr(req, "retraction_count", 0), config) for req in reqs]
     return sorted(range(len(reqs)), key=keys.__getitem__)
 
 

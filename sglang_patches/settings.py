@@ -20,6 +20,7 @@ from specforge_outlets.scheduling import (
     DEFAULT_KV_MARGIN,
     DEFAULT_LONG_HOLDBACK,
     DEFAULT_LONG_OUTPUT_LEN,
+    DEFAULT_MAX_RETRACTIONS,
     DEFAULT_PRIOR_OUTPUT_LEN,
     QueuePolicy,
     SchedulingConfig,
@@ -33,6 +34,7 @@ ENV_ORDER = "OUTLETS_ORDER"
 ENV_LONG_OUTPUT_LEN = "OUTLETS_LONG_OUTPUT_LEN"
 ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
 ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
+ENV_MAX_RETRACTIONS = "OUTLETS_MAX_RETRACTIONS"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
@@ -68,6 +70,9 @@ FLAGS = (
      "remaining length x (1 + this margin), at most SGLang's own estimate's cap, instead of new_token_ratio x "
      f"its remaining max_new_tokens (unset: SGLang's estimate; {DEFAULT_KV_MARGIN:g} is the simulator's "
      "choice). Env: " + ENV_KV_MARGIN),
+    ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
+     f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
+     f"request can be (default {DEFAULT_MAX_RETRACTIONS}). Env: " + ENV_MAX_RETRACTIONS),
     ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
      f"OUTLETS sjf: tokens of predicted remaining length one second of waiting is worth (default "
      f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound). Env: " + ENV_AGING),
@@ -96,6 +101,16 @@ def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
         raise OutletsSettingsError(f"{name}={raw!r} is not a number") from None
 
 
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise OutletsSettingsError(f"{name}={raw!r} is not an integer") from None
+
+
 def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
     try:
         config = SchedulingConfig(
@@ -103,6 +118,7 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
             aging_tokens_per_s=_float_env(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S),
             long_output_len=_float_env(env, ENV_LONG_OUTPUT_LEN, DEFAULT_LONG_OUTPUT_LEN),
             long_holdback=_float_env(env, ENV_LONG_HOLDBACK, DEFAULT_LONG_HOLDBACK),
+            max_retractions=_int_env(env, ENV_MAX_RETRACTIONS, DEFAULT_MAX_RETRACTIONS),
         )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None

@@ -68,6 +68,7 @@ def test_sjf_key_ages_linearly_with_waiting_time():
 
 
 @pytest.mark.parametrize("kwargs", [{"long_output_len": 0}, {"long_holdback": -0.1}, {"long_holdback": float("inf")},
+                                    {"max_retractions": 0}, {"max_retractions": 1.5},
                                     {"prior_output_len": 0}, {"aging_tokens_per_s": -1.0},
                                     {"prior_output_len": float("nan")}])
 def test_scheduling_config_rejects_bad_settings(kwargs):

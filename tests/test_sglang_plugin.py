@@ -23,8 +23,8 @@ if STUBS not in sys.path:
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, aging_window_s  # noqa: E402
 from sglang_patches import hooks, predictions as P, routing  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_ORDER, ENV_PRIOR,
-    OutletsSettingsError, read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
+    ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
 )
 
 
@@ -49,7 +49,8 @@ def keep_logging():
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN):
+    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN,
+                 ENV_MAX_RETRACTIONS):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(hooks, "_settings", None)
     yield
@@ -133,6 +134,11 @@ def test_bad_settings_are_refused(monkeypatch):
     with pytest.raises(OutletsSettingsError, match="long_holdback"):
         read_settings()
     monkeypatch.delenv(ENV_LONG_HOLDBACK)
+    for bad, message in (("two", "not an integer"), ("0", "max_retractions must be a positive integer")):
+        monkeypatch.setenv(ENV_MAX_RETRACTIONS, bad)
+        with pytest.raises(OutletsSettingsError, match=message):
+            read_settings()
+    monkeypatch.delenv(ENV_MAX_RETRACTIONS)
     monkeypatch.setenv(ENV_ORDER, "fcfs")
     with pytest.raises(OutletsSettingsError, match=r"--outlets-order.*'fcfs': choose one of tail-safe, sjf"):
         read_settings()
@@ -229,19 +235,20 @@ def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loade
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     reqs = [request("a", 100, generated=10), request("b", 30), request("c", 500, generated=100), request("d", None),
-            request("e-late", 30, arrival=5.0)]
+            request("e-late", 30, arrival=5.0), request("f-twice", 5000)]
+    reqs[-1].retraction_count = 2  # at the default limit: kept while others can go
     monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
     order = ScheduleBatch._get_decode_retraction_order(reqs)
     # most preferred to keep first; SGLang pops from the end: c (400 left) goes first, then d (256);
     # of b and e-late (30 left each) the later arrival is retracted first
-    assert [reqs[i].rid for i in order] == ["b", "e-late", "a", "d", "c"]
+    assert [reqs[i].rid for i in order] == ["f-twice", "b", "e-late", "a", "d", "c"]
     monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
     from sglang.srt.managers import schedule_batch
 
     monkeypatch.setattr(schedule_batch, "get_schedule", lambda: SimpleNamespace(retraction_policy="length"))
     for req in reqs:
         req.origin_input_ids = [1, 2]
-    assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3, 4]  # stock: longest output kept
+    assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3, 4, 5]  # stock: longest output kept
 
 
 def test_meta_info_gets_one_scalar_prediction(plugins_loaded):

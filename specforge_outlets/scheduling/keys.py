@@ -49,6 +49,10 @@ DEFAULT_LONG_OUTPUT_LEN = 800.0
 # run (0.1 reached 1.06); no request starves below 20x overload.
 DEFAULT_LONG_HOLDBACK = 0.05
 
+# Retractions per request before KV pressure retracts others first: a request retracted this often
+# is kept while any other running request can go, so it cannot be retracted over and over.
+DEFAULT_MAX_RETRACTIONS = 2
+
 # Floor of the predicted remaining length: a request that has already generated more tokens
 # than predicted is taken to be about to finish, not to have negative work left.
 MIN_PREDICTED_REMAINING = 1.0
@@ -62,6 +66,7 @@ class SchedulingConfig:
     aging_tokens_per_s: float = DEFAULT_AGING_TOKENS_PER_S  # SJF
     long_output_len: float = DEFAULT_LONG_OUTPUT_LEN  # tail-safe
     long_holdback: float = DEFAULT_LONG_HOLDBACK  # tail-safe
+    max_retractions: int = DEFAULT_MAX_RETRACTIONS  # retraction order
 
     def __post_init__(self) -> None:
         if not (self.prior_output_len > 0 and math.isfinite(self.prior_output_len)):
@@ -72,6 +77,8 @@ class SchedulingConfig:
             raise ValueError(f"long_output_len must be a positive number, got {self.long_output_len}")
         if not (self.long_holdback >= 0 and math.isfinite(self.long_holdback)):
             raise ValueError(f"long_holdback must be >= 0, got {self.long_holdback}")
+        if isinstance(self.max_retractions, bool) or not isinstance(self.max_retractions, int) or self.max_retractions < 1:
+            raise ValueError(f"max_retractions must be a positive integer, got {self.max_retractions!r}")
 
 
 def predicted_remaining(
@@ -101,14 +108,18 @@ def aging_window_s(predicted_remaining_tokens: float, config: SchedulingConfig) 
 
 
 def retraction_order_key(
-    predicted_output_len: Optional[float], num_generated_tokens: int, arrival_time: float, config: SchedulingConfig
-) -> Tuple[float, float]:
-    """Ascending = most worth keeping under KV pressure; retract from the end (longest predicted remaining, then the later arrival).
+    predicted_output_len: Optional[float], num_generated_tokens: int, arrival_time: float, retractions: int,
+    config: SchedulingConfig,
+) -> Tuple[bool, float, float]:
+    """Ascending = most worth keeping under KV pressure; retract from the end.
 
-    The request expected to hold its cache longest frees the most for the others, and of two equal
-    ones the later arrival has waited and generated less.
+    Last (retracted first): requests retracted fewer than ``max_retractions`` times, the longest
+    predicted remaining first (it frees the most cache for the longest), of two equal ones the later
+    arrival (it has waited and generated less). Requests at the limit are retracted only when no
+    other is left, which bounds retractions per request while anything else is running.
     """
-    return predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len), arrival_time
+    remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    return retractions < config.max_retractions, remaining, arrival_time
 
 
 def is_predicted_long(

@@ -75,7 +75,6 @@ class ClusterConfig:
     predict_at: PredictionPoint = PredictionPoint.PREFILL
     kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
     kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
-    max_retractions: int = 2  # retract a request this often at most, unless no other is running
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     prefill_mfu: float = DEFAULT_PREFILL_MFU
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
@@ -100,7 +99,7 @@ class ClusterConfig:
 _ENUM_FIELDS = {"mode": ClusterMode, "predict_at": PredictionPoint, "kv_admission": KVAdmission}
 _POSITIVE_INT_FIELDS = (
     "prefill_instances", "decode_instances", "instances", "max_running_requests", "max_new_tokens",
-    "max_prefill_tokens", "chunked_prefill_size", "max_retractions",
+    "max_prefill_tokens", "chunked_prefill_size",
 )
 _POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu")
 _NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin")

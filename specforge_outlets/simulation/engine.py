@@ -145,8 +145,8 @@ class EngineInstance:
     KV cache: admission reserves tokens per request (``ClusterConfig.kv_admission``) and admits while
     the reservations and the cache in use both leave room. With reservations below a request's real
     length the cache in use can outgrow them; a decode segment then also ends where the next step
-    would overflow, and the instance retracts running requests (longest predicted remaining first,
-    ``retraction_order_key``, at most ``max_retractions`` times each unless no other is running).
+    would overflow, and the instance retracts running requests (``retraction_order_key``: longest
+    predicted remaining first, at most ``max_retractions`` times each unless no other is running).
     A retracted request keeps its tokens, goes back to the waiting queue with its original arrival
     time and is recomputed (its prompt and tokens prefilled again) when readmitted.
     """
@@ -279,10 +279,9 @@ class EngineInstance:
             self._retract(now, self._retraction_victim())
 
     def _retraction_victim(self) -> SimRequest:
-        config, limit = self.sim.scheduling, self.sim.cluster.max_retractions
-        candidates = [r for r in self.running.values() if r.retractions < limit] or list(self.running.values())
-        return max(candidates, key=lambda r: retraction_order_key(
-            r.predicted_output_len, 1 + self.steps_done - r.join_step, r.arrival_time, config))
+        config = self.sim.scheduling
+        return max(self.running.values(), key=lambda r: retraction_order_key(
+            r.predicted_output_len, 1 + self.steps_done - r.join_step, r.arrival_time, r.retractions, config))
 
     def _retract(self, now: float, request: SimRequest) -> None:
         generated = 1 + self.steps_done - request.join_step

@@ -7,7 +7,8 @@ import dataclasses
 
 def register(subparsers) -> None:
     from specforge_outlets.scheduling.keys import (
-        DEFAULT_AGING_TOKENS_PER_S, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN, DEFAULT_PRIOR_OUTPUT_LEN,
+        DEFAULT_AGING_TOKENS_PER_S, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN, DEFAULT_MAX_RETRACTIONS,
+        DEFAULT_PRIOR_OUTPUT_LEN,
     )
 
     parser = subparsers.add_parser(
@@ -50,6 +51,8 @@ def register(subparsers) -> None:
                         help="SJF aging: tokens of predicted length one second of waiting is worth (0: none)")
     parser.add_argument("--long-output-len", type=float, default=DEFAULT_LONG_OUTPUT_LEN,
                         help="tail-safe: predicted remaining length from which a request is in the long class")
+    parser.add_argument("--max-retractions", type=int, default=DEFAULT_MAX_RETRACTIONS,
+                        help="kv_admission predicted: retract a request at most this often while others can go")
     parser.add_argument("--long-holdback", type=float, default=DEFAULT_LONG_HOLDBACK,
                         help="tail-safe: share of its own wait within which later short requests may overtake a "
                              "predicted-long one (0: FCFS; < 1: no starvation)")
@@ -78,9 +81,10 @@ def run(args) -> int:
                 raise OutletsError(f"--num-requests must be at least 1, got {args.num_requests}")
             trace = trace.head(args.num_requests)
     try:
-        scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate, args.long_output_len, args.long_holdback)
+        scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate, args.long_output_len, args.long_holdback,
+                                      args.max_retractions)
     except ValueError as exc:
-        raise OutletsError(f"--prior-output-len/--aging-rate/--long-output-len/--long-holdback: {exc}") from None
+        raise OutletsError(f"scheduling settings: {exc}") from None
     if args.short_threshold < 1:
         raise OutletsError(f"--short-threshold must be at least 1, got {args.short_threshold}")
     predictor = PredictorKind(args.predictor)
