@@ -91,34 +91,25 @@ class PluginSettings:
     kv_margin: Optional[float] = None  # None: SGLang's own KV estimate
 
 
-def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+def _env_number(env: Mapping[str, str], name: str, default, kind=float):
+    """The variable as a ``kind`` (float or int), or ``default`` if unset or empty."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise OutletsSettingsError(f"{name}={raw!r} is not a number") from None
-
-
-def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise OutletsSettingsError(f"{name}={raw!r} is not an integer") from None
+        raise OutletsSettingsError(f"{name}={raw!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
 def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
     try:
         config = SchedulingConfig(
-            prior_output_len=_float_env(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN),
-            aging_tokens_per_s=_float_env(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S),
-            long_output_len=_float_env(env, ENV_LONG_OUTPUT_LEN, DEFAULT_LONG_OUTPUT_LEN),
-            long_holdback=_float_env(env, ENV_LONG_HOLDBACK, DEFAULT_LONG_HOLDBACK),
-            max_retractions=_int_env(env, ENV_MAX_RETRACTIONS, DEFAULT_MAX_RETRACTIONS),
+            prior_output_len=_env_number(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN),
+            aging_tokens_per_s=_env_number(env, ENV_AGING, DEFAULT_AGING_TOKENS_PER_S),
+            long_output_len=_env_number(env, ENV_LONG_OUTPUT_LEN, DEFAULT_LONG_OUTPUT_LEN),
+            long_holdback=_env_number(env, ENV_LONG_HOLDBACK, DEFAULT_LONG_HOLDBACK),
+            max_retractions=_env_number(env, ENV_MAX_RETRACTIONS, DEFAULT_MAX_RETRACTIONS, int),
         )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
@@ -130,7 +121,7 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         )
     kv_margin = None
     if env.get(ENV_KV_MARGIN):
-        kv_margin = _float_env(env, ENV_KV_MARGIN, 0.0)
+        kv_margin = _env_number(env, ENV_KV_MARGIN, 0.0)
         if not (kv_margin >= 0 and math.isfinite(kv_margin)):
             raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={kv_margin}: must be a number >= 0")
     draft = env.get(ENV_DRAFT) or None
