@@ -190,7 +190,9 @@ def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
     assert result.first_token_times.tolist() == pytest.approx([1.0, 2.0])  # recomputation is not a first token
 
 
-def test_predicted_admission_never_overflows_the_cache_and_bounds_retractions(monkeypatch):
+@pytest.fixture
+def overflow_check(monkeypatch):
+    """Records every segment (decode run or mixed step) whose steps would take more cache than there is."""
     from specforge_outlets.simulation.engine import EngineInstance
 
     original = EngineInstance._start_segment
@@ -198,20 +200,46 @@ def test_predicted_admission_never_overflows_the_cache_and_bounds_retractions(mo
 
     def checked(self, now):
         original(self, now)
-        if self.busy and not self.segment_chunk and len(self.running) > 1:
+        if self.busy:
             used = self.kv_tokens + self.kv_prefilling + len(self.running) * self.segment_steps
             overflows.extend([used - self.capacity] if used > self.capacity else [])
 
     monkeypatch.setattr(EngineInstance, "_start_segment", checked)
+    return overflows
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_predicted_admission_never_overflows_the_cache(overflow_check, mode):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
     trace = synthetic_poisson(lengths, rate_rps=200.0, num_requests=300, seed=1)
-    cluster = cluster_config_from_dict({"decode_instances": 2, "max_running_requests": 64, "kv_capacity_tokens": 20_000,
-                                        "kv_admission": "predicted"}, "test")
+    cluster = cluster_config_from_dict({"mode": mode, "decode_instances": 2, "instances": 2, "max_running_requests": 64,
+                                        "kv_capacity_tokens": 20_000, "chunked_prefill_size": 256,
+                                        "kv_admission": "predicted", "predict_at": "arrival"}, "test")
     degraded = predict_lengths(PredictorKind.NOISY, trace, 0, noise_sigma=1.0)
     result = simulate(trace, cluster, "least-predicted-work", "tail-safe", predictions=degraded)
-    assert not overflows
+    assert not overflow_check
     assert np.all(np.isfinite(result.finish_times))
     assert result.retractions.sum() > 0  # the path is exercised
+
+
+def test_a_lone_running_request_is_retracted_when_a_long_prompt_is_being_prefilled(unit_steps, overflow_check):
+    # A (predicted 1, generates 500) runs alone; B's 1,000-token prompt is admitted and prefilled in
+    # 64-token chunks while A keeps growing: without retracting A the cache would overflow.
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "chunked_prefill_size": 64,
+                                        "kv_capacity_tokens": 1108, "max_new_tokens": 1, "predict_at": "arrival",
+                                        "kv_admission": "predicted", "kv_prediction_margin": 0.0}, "test")
+    result = simulate(make_trace([(0.0, 100, 500), (3.5, 1000, 10)]), cluster, predictions=[1.0, 1.0])
+    assert not overflow_check
+    assert np.all(np.isfinite(result.finish_times))
+    assert result.retractions.tolist() == [1, 0]
+
+
+def test_a_predicted_reservation_is_never_above_the_full_one(unit_steps):
+    # Predicted at 1000 with max_new_tokens 50: reserving prompt + 1 + 50 tokens would exceed the
+    # 150-token cache that the full reservation (100 + 50) fits, and the request would never start.
+    cluster = pd_cluster(max_new_tokens=50, kv_capacity_tokens=150, kv_admission="predicted")
+    result = simulate(make_trace([(0.0, 100, 10)]), cluster, predictions=[1000.0])
+    assert np.isfinite(result.finish_times[0])
 
 
 def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retraction_limit():

@@ -41,9 +41,10 @@ class KVAdmission(Enum):
 
     # prompt + max(max_new_tokens, its output): the cache can never overflow, nothing is retracted
     MAX_NEW_TOKENS = "max-new-tokens"
-    # prompt + generated + predicted remaining x (1 + kv_prediction_margin), at most max_new_tokens
-    # (max_new_tokens without a prediction, and after a retraction); when the cache fills, the
-    # longest predicted remaining is retracted and recomputed later
+    # prompt + generated + predicted remaining x (1 + kv_prediction_margin), at most what is left of
+    # max_new_tokens (the full reservation without a prediction, and after a retraction); re-sized
+    # when the prediction arrives after admission; when the cache fills, the longest predicted
+    # remaining is retracted and recomputed later
     PREDICTED = "predicted"
 
 

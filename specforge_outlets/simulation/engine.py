@@ -220,8 +220,9 @@ class EngineInstance:
         if (cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
                 or request.retractions):
             return request.full_reservation
+        cap = max(cluster.max_new_tokens - request.num_generated_tokens, 0)  # never above the full reservation
         budget = predicted_output_budget(request.predicted_output_len, request.num_generated_tokens,
-                                         cluster.kv_prediction_margin, cluster.max_new_tokens, self.sim.scheduling)
+                                         cluster.kv_prediction_margin, cap, self.sim.scheduling)
         return request.input_len + request.num_generated_tokens + budget
 
     def _kv_in_use(self) -> int:
@@ -274,9 +275,19 @@ class EngineInstance:
         return self.finish_heap[0][0]
 
     def _make_room(self, now: float) -> None:
-        """Retract running requests until every one of them can decode one more token."""
-        while len(self.running) > 1 and self._kv_in_use() + len(self.running) > self.capacity:
+        """Retract running requests until every one of them can decode one more token.
+
+        Prompts being prefilled hold their whole claim, so a lone running request can be retracted
+        too (alone it always fits: ``check_fits``).
+        """
+        while self.running and self._kv_in_use() + len(self.running) > self.capacity:
             self._retract(now, self._retraction_victim())
+
+    def _reserve_again(self, request: SimRequest) -> None:
+        """Re-size a reservation once the prediction is known (colocated: it comes with the first token)."""
+        reservation = self._reservation(request)
+        self.kv_reserved += reservation - request.reservation
+        request.reservation = reservation
 
     def _retraction_victim(self) -> SimRequest:
         config = self.sim.scheduling
@@ -356,6 +367,7 @@ class EngineInstance:
                     self._start_decoding(request)
                     continue
                 self.sim.first_token(now, request)
+                self._reserve_again(request)
                 if request.output_len == 1:
                     self.pending_work -= request.pending_work
                     self.kv_reserved -= request.reservation
