@@ -88,7 +88,7 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
     existing = {option for action in parser._actions for option in action.option_strings}
     for flag, dest, env, kind, help_text in FLAGS:
         if flag not in existing:
-            parser.add_argument(flag, dest=dest, type=kind, default=None, help=help_text)
+            parser.add_argument(flag, dest=dest, type=kind, default=None, help=f"{help_text} Env: {env}")
     return result
 
 

@@ -46,36 +46,34 @@ CUSTOM_PARAM_KEY = "outlets_predicted_output_len"
 # Key of the prediction in each response's ``meta_info``.
 META_INFO_KEY = "predicted_output_len"
 
-# (flag, dest, env, type, help)
+# (flag, dest, env, type, help); --help adds "Env: <env>" to each
 FLAGS = (
     ("--outlets-draft-path", "outlets_draft_path", ENV_DRAFT, str,
      "OUTLETS: an `outlets export` directory. Predictor-only mode: the draft's length head predicts each "
-     "request's output length at prefill (speculative decoding off). Env: " + ENV_DRAFT),
+     "request's output length at prefill (speculative decoding off)."),
     ("--outlets-prior-output-len", "outlets_prior_output_len", ENV_PRIOR, float,
-     f"OUTLETS: output length assumed for a request without a prediction (default {DEFAULT_PRIOR_OUTPUT_LEN:g}). "
-     "Env: " + ENV_PRIOR),
+     f"OUTLETS: output length assumed for a request without a prediction (default {DEFAULT_PRIOR_OUTPUT_LEN:g})."),
     ("--outlets-order", "outlets_order", ENV_ORDER, str,
      f"OUTLETS: waiting-queue order, one of {', '.join(order.value for order in ORDERS)} (default "
      f"{ORDERS[0].value}: FCFS within predicted-length classes, bounded hold-back of predicted-long requests; "
-     "sjf: shortest predicted remaining first with aging). Env: " + ENV_ORDER),
+     "sjf: shortest predicted remaining first with aging)."),
     ("--outlets-long-output-len", "outlets_long_output_len", ENV_LONG_OUTPUT_LEN, float,
      f"OUTLETS tail-safe: predicted remaining length from which a request is in the long class (default "
-     f"{DEFAULT_LONG_OUTPUT_LEN:g}). Env: " + ENV_LONG_OUTPUT_LEN),
+     f"{DEFAULT_LONG_OUTPUT_LEN:g})."),
     ("--outlets-long-holdback", "outlets_long_holdback", ENV_LONG_HOLDBACK, float,
      f"OUTLETS tail-safe: a predicted-long request that waited W s yields to short ones that arrived within "
-     f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority). "
-     "Env: " + ENV_LONG_HOLDBACK),
+     f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
     ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
      "OUTLETS: KV admission by prediction. A running request with a prediction is charged its predicted "
      "remaining length x (1 + this margin), at most SGLang's own estimate's cap, instead of new_token_ratio x "
      f"its remaining max_new_tokens (unset: SGLang's estimate; {DEFAULT_KV_MARGIN:g} is the simulator's "
-     "choice). Env: " + ENV_KV_MARGIN),
+     "choice)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
-     f"request can be (default {DEFAULT_MAX_RETRACTIONS}). Env: " + ENV_MAX_RETRACTIONS),
+     f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
     ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
      f"OUTLETS sjf: tokens of predicted remaining length one second of waiting is worth (default "
-     f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound). Env: " + ENV_AGING),
+     f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound)."),
 )
 
 

@@ -30,6 +30,7 @@ from specforge_outlets.scheduling import (
     predicted_remaining,
     rank_load,
     sjf_sort_key,
+    tail_safe_sort_key,
 )
 
 
@@ -218,15 +219,35 @@ def test_tail_safe_bound_holds_for_random_requests():
                 assert other.arrival_time - request.arrival_time < window + 1e-9
 
 
-def test_admission_order_matches_popping_the_queue():
+def brute_force_order(requests, policy, config, now):
+    """Reference orders written independently of the queues: a stable sort, or for tail-safe the
+    request with the smallest key picked one at a time, the head-of-line age taken over what is left."""
+    if policy is QueuePolicy.FCFS:
+        return list(requests)
+    if policy is QueuePolicy.SJF:
+        return sorted(requests, key=lambda r: sjf_sort_key(r.predicted_output_len, r.num_generated_tokens,
+                                                           r.arrival_time, config))
+    left, order = list(requests), []
+    while left:
+        age = now - min(r.arrival_time for r in left)
+        best = min(left, key=lambda r: tail_safe_sort_key(
+            predicted_remaining(r.predicted_output_len, 0, config.prior_output_len) >= config.long_output_len,
+            r.arrival_time, age, config))
+        left.remove(best)
+        order.append(best)
+    return order
+
+
+@pytest.mark.parametrize("policy", list(QueuePolicy))
+def test_admission_order_matches_an_independent_reference(policy):
     rng = random.Random(3)
+    # distinct arrival times, so that the reference needs no tie rule
     requests = [Req(str(i), rng.uniform(0, 30), rng.choice([None, 20.0, 900.0, 3000.0])) for i in range(40)]
-    for policy in QueuePolicy:
-        config = tail_safe(long_holdback=0.4)
-        queue = create_request_queue(policy, config)
-        for request in requests:
-            queue.add_request(request)
-        assert [r.name for r in admission_order(requests, policy, config, now=45.0)] == drain(queue, now=45.0)
+    config = tail_safe(long_holdback=0.4, aging_tokens_per_s=0.0)
+    expected = [r.name for r in brute_force_order(requests, policy, config, now=45.0)]
+    assert [r.name for r in admission_order(requests, policy, config, now=45.0)] == expected
+    if policy is QueuePolicy.TAIL_SAFE:
+        assert expected != [r.name for r in sorted(requests, key=lambda r: r.arrival_time)]  # the hold-back acts
 
 
 # --- KV budget ------------------------------------------------------------------------------------

@@ -51,11 +51,11 @@ def register(subparsers) -> None:
                         help="SJF aging: tokens of predicted length one second of waiting is worth (0: none)")
     parser.add_argument("--long-output-len", type=float, default=DEFAULT_LONG_OUTPUT_LEN,
                         help="tail-safe: predicted remaining length from which a request is in the long class")
-    parser.add_argument("--max-retractions", type=int, default=DEFAULT_MAX_RETRACTIONS,
-                        help="kv_admission predicted: retract a request at most this often while others can go")
     parser.add_argument("--long-holdback", type=float, default=DEFAULT_LONG_HOLDBACK,
                         help="tail-safe: share of its own wait within which later short requests may overtake a "
-                             "predicted-long one (0: FCFS; < 1: no starvation)")
+                             "predicted-long one (0: FCFS; starvation only at 1/holdback times overload)")
+    parser.add_argument("--max-retractions", type=int, default=DEFAULT_MAX_RETRACTIONS,
+                        help="kv_admission predicted: retract a request at most this often while others can go")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
