@@ -69,3 +69,48 @@ def test_countdown_by_hand():
     # a countdown from the true length is exact
     assert metrics.dynamic_mae([6], [metrics.countdown(6, 6)]) == 0
     assert not math.isnan(metrics.dynamic_mae([6], [metrics.countdown(0, 6)]))
+
+
+def test_bootstrap_interval_contains_the_mean_and_is_seeded():
+    errors = [1.0, 2.0, 3.0, 10.0, 4.0]
+    low, high = metrics.bootstrap_interval(errors, seed=7)
+    assert low <= np.mean(errors) == 4.0 <= high
+    assert 1.0 <= low < high <= 10.0  # a resampled mean lies between the extremes
+    assert metrics.bootstrap_interval(errors, seed=7) == (low, high)
+    spread = np.arange(50.0)
+    assert metrics.bootstrap_interval(spread, seed=1) != metrics.bootstrap_interval(spread, seed=2)
+    assert metrics.bootstrap_interval([5.0, 5.0, 5.0]) == (5.0, 5.0)  # no spread, no interval
+
+
+def test_per_request_errors_are_what_the_maes_average():
+    assert metrics.static_abs_errors([4, 2], [2.0, 5.0]).tolist() == [2.0, 3.0]
+    dynamic = [np.array([4.0, 4, 4, 4]), np.array([1.0, 1])]
+    assert metrics.dynamic_request_errors([4, 2], dynamic).tolist() == [1.5, 0.5]
+
+
+def test_spearman_on_known_data():
+    assert metrics.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert metrics.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # y = 5,6,7,8,7 has ranks 1,2,3.5,5,3.5 (tie averaged); centred: x -2,-1,0,1,2 and
+    # y -2,-1,0.5,2,0.5 -> sum of products 8, sums of squares 10 and 9.5 -> 8 / sqrt(95) = 0.8208
+    assert metrics.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8208, abs=1e-4)
+    assert metrics.ranks([3, 1, 3, 2]).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert metrics.spearman([1, 2, 3], [7, 7, 7]) is None  # a constant predictor has no order
+
+
+def test_calibration_quantiles_and_long_share():
+    true = [100, 200, 800, 900]
+    predicted = [150, 150, 799, 1000]
+    result = metrics.calibration(true, predicted, levels=(0.5,), threshold=800)
+    assert result["true_quantiles"] == [500.0] and result["predicted_quantiles"] == [474.5]
+    assert result["true_share_at_or_above"] == 0.5  # 800 and 900
+    assert result["predicted_share_at_or_above"] == 0.25  # only 1000: 799 is below
+    assert len(metrics.calibration(true, predicted)["levels"]) == 19
+
+
+def test_noise_floor_by_hand():
+    # prompt a: samples 10, 20, 60 -> medians of the others 40, 35, 15 -> errors 30, 15, 45 -> 30
+    # prompt b: samples 5, 7 -> errors 2, 2 -> 2; prompt c has one sample: left out
+    floor = metrics.noise_floor_errors({"a": [10, 20, 60], "b": [5, 7], "c": [9]})
+    assert floor == {"a": pytest.approx(30.0), "b": pytest.approx(2.0)}
+    assert np.mean(list(floor.values())) == pytest.approx(16.0)

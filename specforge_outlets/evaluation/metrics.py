@@ -10,11 +10,17 @@ For a response of ``L`` tokens, ``r_hat_t`` is the prediction of the remaining l
   request's error in a decile is the mean over its positions there, and the decile's MAE is the
   mean over the requests that have positions in it (so long responses do not dominate).
 - MAE by true-length bucket: short ``L < short_max``, long ``L > long_min``, medium otherwise.
+- 95% bootstrap interval of a mean over requests: requests resampled with replacement, a fixed
+  seed, so a report is reproducible and the interval says how much the test set alone moves it.
+- Spearman rank correlation of ``r_hat_0`` with ``L``: a scheduler only needs the order right.
+- calibration: predicted against true quantiles, and the share at or above a long threshold.
+- sampling-noise floor: each sample's length predicted by the median of the same prompt's other
+  samples, the error no prompt-level predictor can beat.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,12 +28,21 @@ SHORT_MAX = 200  # short: L < 200 tokens
 LONG_MIN = 500  # long: L > 500 tokens
 NUM_PROGRESS_BINS = 10
 BUCKETS = ("short", "medium", "long")
+BOOTSTRAP_RESAMPLES = 1000
+CONFIDENCE = 0.95
+SHARE_THRESHOLD = 800  # tokens: "long" for the calibration share
+QUANTILE_LEVELS = tuple(round(0.05 * k, 2) for k in range(1, 20))  # 5%, 10%, ..., 95%
+
+
+def static_abs_errors(true_lengths: Sequence[float], predicted: Sequence[float]) -> np.ndarray:
+    """``|L - r_hat_0|`` per request (what the bootstrap resamples)."""
+    true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
+    assert true.shape == pred.shape and true.size > 0, (true.shape, pred.shape)
+    return np.abs(true - pred)
 
 
 def static_mae(true_lengths: Sequence[float], predicted: Sequence[float]) -> float:
-    true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
-    assert true.shape == pred.shape and true.size > 0, (true.shape, pred.shape)
-    return float(np.abs(true - pred).mean())
+    return float(static_abs_errors(true_lengths, predicted).mean())
 
 
 def dynamic_abs_errors(length: int, predicted_remaining: Sequence[float]) -> np.ndarray:
@@ -37,9 +52,85 @@ def dynamic_abs_errors(length: int, predicted_remaining: Sequence[float]) -> np.
     return np.abs((length - np.arange(length)) - pred)
 
 
-def dynamic_mae(true_lengths: Sequence[int], dynamic: Sequence[Sequence[float]]) -> float:
+def dynamic_request_errors(true_lengths: Sequence[int], dynamic: Sequence[Sequence[float]]) -> np.ndarray:
+    """``(1/L) sum_t |(L - t) - r_hat_t|`` per request (what the bootstrap resamples)."""
     assert len(true_lengths) == len(dynamic) and len(true_lengths) > 0
-    return float(np.mean([dynamic_abs_errors(int(L), d).mean() for L, d in zip(true_lengths, dynamic)]))
+    return np.array([dynamic_abs_errors(int(L), d).mean() for L, d in zip(true_lengths, dynamic)])
+
+
+def dynamic_mae(true_lengths: Sequence[int], dynamic: Sequence[Sequence[float]]) -> float:
+    return float(dynamic_request_errors(true_lengths, dynamic).mean())
+
+
+def bootstrap_interval(
+    per_request: Sequence[float], *, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE
+) -> Tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``per_request`` (requests resampled, seeded)."""
+    values = np.asarray(per_request, np.float64)
+    assert values.ndim == 1 and values.size > 0, values.shape
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (as Spearman's coefficient needs)."""
+    values = np.asarray(values, np.float64)
+    order = np.argsort(values, kind="stable")
+    ranked = np.empty(values.size)
+    ranked[order] = np.arange(1, values.size + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranked[tied] = ranked[tied].mean()
+    return ranked
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Spearman rank correlation; ``None`` when either side is constant (no order to compare)."""
+    rx, ry = ranks(x), ranks(y)
+    assert rx.shape == ry.shape and rx.size > 0, (rx.shape, ry.shape)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def calibration(
+    true_lengths: Sequence[float], predicted: Sequence[float], *,
+    levels: Sequence[float] = QUANTILE_LEVELS, threshold: float = SHARE_THRESHOLD,
+) -> Dict[str, object]:
+    """Predicted against true quantiles of the length, and the share at or above ``threshold``.
+
+    A predictor can have a fair MAE and still never predict a long response; the quantiles and the
+    long share show whether its predictions have the spread of the true lengths.
+    """
+    true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
+    assert true.shape == pred.shape and true.size > 0, (true.shape, pred.shape)
+    return {
+        "levels": [float(level) for level in levels],
+        "true_quantiles": np.quantile(true, levels).tolist(),
+        "predicted_quantiles": np.quantile(pred, levels).tolist(),
+        "threshold": threshold,
+        "true_share_at_or_above": float((true >= threshold).mean()),
+        "predicted_share_at_or_above": float((pred >= threshold).mean()),
+    }
+
+
+def noise_floor_errors(samples: Mapping[str, Sequence[float]]) -> Dict[str, float]:
+    """Per prompt: the mean over its samples of ``|L_s - median(other samples)|``.
+
+    Prompts with fewer than two samples have nothing to predict from and are left out. Averaging
+    within a prompt first makes every prompt weigh the same, like every request in the MAE.
+    """
+    out = {}
+    for key, lengths in samples.items():
+        lengths = np.asarray(lengths, np.float64)
+        if lengths.size < 2:
+            continue
+        others = [np.delete(lengths, i) for i in range(lengths.size)]
+        out[key] = float(np.mean([abs(L - np.median(rest)) for L, rest in zip(lengths, others)]))
+    return out
 
 
 def mae_by_progress(
