@@ -1,15 +1,51 @@
-"""Small trainable heads for the baselines: an MLP regressor and a linear bucket classifier.
+"""The one fitting recipe every learned baseline uses: an MLP (or linear) head on fixed features.
 
-Inputs are standardised with the training mean and standard deviation; training is full-data
-minibatch Adam for a fixed number of epochs (no early stopping: the splits are small).
+Sharing it is what makes the comparison fair: no baseline gets more care than another.
+
+- inputs are standardised with the training mean and standard deviation;
+- the output starts at the mean training target (zero last-layer weights; regression bias = the
+  weighted mean target, classification bias = the log of the smoothed class frequencies), so
+  epoch 0 is the best constant and training can only be kept if it beats it;
+- the number of epochs is chosen on a validation share of the training *requests* (all positions
+  of a request fall on the same side, so the probe cannot validate on its own training
+  responses): train on the rest, keep the epoch with the lowest validation loss (stopping
+  ``patience`` epochs after it), then refit on the whole training split for that many epochs;
+- one seed drives the validation split, the initialisation and the minibatch order.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+
+from specforge_outlets.errors import OutletsError
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    hidden: Tuple[int, ...] = ()  # hidden widths; () is a linear head
+    outputs: int = 1  # 1: regression (MSE); more: classification (cross-entropy) over that many classes
+    max_epochs: int = 300
+    patience: int = 20  # epochs without a better validation loss before stopping
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    batch_size: int = 256
+    validation_share: float = 0.2  # of the training requests
+
+
+@dataclass
+class FittedHead:
+    model: nn.Module
+    epochs: int  # chosen on validation; 0 means the mean target was never beaten
+    validation_loss: float
+    validation_requests: int
+
+    def info(self) -> Dict[str, Any]:
+        return {"epochs": self.epochs, "validation_loss": round(self.validation_loss, 6),
+                "validation_requests": self.validation_requests}
 
 
 class Standardised(nn.Module):
@@ -23,7 +59,7 @@ class Standardised(nn.Module):
         return self.body((x.float() - self.mean) / self.std)
 
 
-def mlp(inputs: int, hidden: Sequence[int], outputs: int) -> nn.Module:
+def mlp(inputs: int, hidden: Sequence[int], outputs: int) -> nn.Sequential:
     layers, width = [], inputs
     for size in hidden:
         layers += [nn.Linear(width, size), nn.ReLU()]
@@ -32,39 +68,85 @@ def mlp(inputs: int, hidden: Sequence[int], outputs: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def train_head(
+def fit_head(
     x: torch.Tensor,  # [N, D]
     y: torch.Tensor,  # [N] float targets (regression) or int64 classes
+    settings: HeadSettings,
     *,
-    hidden: Sequence[int] = (),
-    outputs: int = 1,
-    epochs: int = 200,
-    lr: float = 1e-3,
-    weight_decay: float = 1e-4,
-    batch_size: int = 256,
-    seed: int = 0,
-    sample_weight: torch.Tensor | None = None,
-) -> nn.Module:
-    """Regression (``outputs == 1``, MSE) or classification (CE over ``outputs`` classes)."""
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
+    seed: int,
+    groups: Optional[torch.Tensor] = None,  # [N] request index of each row (default: one request per row)
+    sample_weight: Optional[torch.Tensor] = None,  # [N]
+) -> FittedHead:
     x = x.float()
-    model = Standardised(x, mlp(x.shape[1], hidden, outputs))
-    if outputs == 1:  # start at the mean target: fewer epochs to converge
-        with torch.no_grad():
-            model.body[-1].bias.fill_(float(y.float().mean()))
-    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    groups = torch.arange(len(x)) if groups is None else groups
     weights = torch.ones(len(x)) if sample_weight is None else sample_weight.float()
+    held = validation_rows(groups, settings.validation_share, seed)
+    kept = ~held
+    _, losses = _train(x[kept], y[kept], weights[kept], settings, seed, settings.max_epochs,
+                       validation=(x[held], y[held], weights[held]))
+    best = min(range(len(losses)), key=losses.__getitem__)
+    model, _ = _train(x, y, weights, settings, seed, best)
+    return FittedHead(model, best, losses[best], int(groups[held].unique().numel()))
+
+
+def validation_rows(groups: torch.Tensor, share: float, seed: int) -> torch.Tensor:
+    """A boolean mask of the rows of a seeded ``share`` of the groups (at least one group)."""
+    unique = groups.unique()
+    if unique.numel() < 2:
+        raise OutletsError(
+            f"the training split has {unique.numel()} labelled request(s): choosing epochs on validation needs "
+            "at least 2; capture more training responses (--train-features)"
+        )
+    count = min(max(1, round(share * unique.numel())), unique.numel() - 1)
+    chosen = unique[torch.randperm(unique.numel(), generator=torch.Generator().manual_seed(seed))[:count]]
+    return torch.isin(groups, chosen)
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, classes: int) -> torch.Tensor:
+    if classes == 1:
+        losses = (out.squeeze(-1) - y.float()) ** 2
+    else:
+        losses = nn.functional.cross_entropy(out, y.long(), reduction="none")
+    return (losses * weights).sum() / weights.sum()
+
+
+def _initialise_output(model: Standardised, y: torch.Tensor, weights: torch.Tensor, classes: int) -> None:
+    last = model.body[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        if classes == 1:
+            last.bias.fill_(float((y.float() * weights).sum() / weights.sum()))
+        else:  # Laplace-smoothed, so a class absent from training stays reachable
+            counts = torch.bincount(y.long(), weights=weights, minlength=classes).float()
+            last.bias.copy_(torch.log((counts + 1) / (counts.sum() + classes)))
+
+
+def _train(x, y, weights, settings: HeadSettings, seed: int, epochs: int,
+           validation: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> Tuple[nn.Module, List[float]]:
+    """Train for ``epochs``; with ``validation``, its loss after each epoch (index 0: before training)."""
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = Standardised(x, mlp(x.shape[1], settings.hidden, settings.outputs))
+    _initialise_output(model, y, weights, settings.outputs)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    losses: List[float] = []
+
+    def validate() -> bool:
+        """Record the validation loss; False once ``patience`` epochs passed without a better one."""
+        if validation is None:
+            return True
+        with torch.no_grad():
+            losses.append(float(_loss(model(validation[0]), validation[1], validation[2], settings.outputs)))
+        best = min(range(len(losses)), key=losses.__getitem__)
+        return len(losses) - 1 - best < settings.patience
+
+    validate()
     for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
-        for batch in order.split(batch_size):
-            out = model(x[batch])
-            if outputs == 1:
-                losses = (out.squeeze(-1) - y[batch].float()) ** 2
-            else:
-                losses = nn.functional.cross_entropy(out, y[batch].long(), reduction="none")
-            loss = (losses * weights[batch]).sum() / weights[batch].sum()
+        for batch in torch.randperm(len(x), generator=generator).split(settings.batch_size):
+            loss = _loss(model(x[batch]), y[batch], weights[batch], settings.outputs)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
-    return model.eval()
+        if not validate():
+            break
+    return model.eval(), losses

@@ -32,6 +32,7 @@ class EvalContext:
     """What predictors may need besides the splits."""
 
     target_path: Optional[str] = None  # resolved target model directory (LM-based predictors)
+    max_new_tokens: Optional[int] = None  # the generation limit of the test responses (pia clips to it)
     device: str = "cpu"
     seed: int = 0
     progress: bool = True

@@ -4,7 +4,9 @@ Before answering, the target itself is asked how many tokens its answer will tak
 last user turn is followed by a fixed instruction, the assistant turn is started with a fixed
 prefix (``ANSWER_PREFIX``) that the target continues greedily for a few tokens,
 and the first integer of the answer is the prediction. Answers without a positive integer count
-as the training median; how many there were is reported (``info.unparseable``). Static only.
+as the training median; how many there were is reported (``info.unparseable``). Predictions are
+clipped to the generation's ``max_new_tokens`` (no response can be longer; ``info.clipped`` says
+how many answers were above it), so one absurd answer cannot dominate the MAE. Static only.
 """
 
 from __future__ import annotations
@@ -79,6 +81,13 @@ class InstructionPredictor(Predictor):
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
         test.require_messages(self.name)
+        limit = self.context.max_new_tokens
+        if limit is None:
+            raise OutletsError(
+                "the pia baseline clips its estimates to the generation limit, which is unknown: pass "
+                "--max-new-tokens (the regeneration's), or keep the `outlets regenerate` summary "
+                "(<output>.summary.json) next to the JSONL the test manifest names"
+            )
         tokenizer, model, end_id = self._load()
         prompts = [
             tokenizer.apply_chat_template(asking_messages(request), tokenize=False, add_generation_prompt=True)
@@ -96,12 +105,15 @@ class InstructionPredictor(Predictor):
             answers += tokenizer.batch_decode(new, skip_special_tokens=True)
         estimates = [parse_estimate(answer) for answer in answers]
         unparseable = [i for i, value in enumerate(estimates) if value is None]
+        clipped = sum(value is not None and value > limit for value in estimates)
         self.info.update(
             instruction=INSTRUCTION.strip(),
             answer_prefix=ANSWER_PREFIX,
             unparseable=len(unparseable),
             parsed=len(estimates) - len(unparseable),
             fallback=self.median,
+            max_new_tokens=limit,
+            clipped=clipped,
             examples=[{"id": test.requests[i].id, "answer": answers[i]} for i in range(min(5, len(answers)))],
         )
-        return [Prediction(self.median if value is None else value) for value in estimates]
+        return [Prediction(min(self.median if value is None else value, float(limit))) for value in estimates]

@@ -1,8 +1,10 @@
 """Small-LM bucket classifier (the ranking/classification proxy family: LTR, ShuffleInfer).
 
 A frozen small causal LM reads the prompt; a linear head over its mean-pooled last hidden state is
-trained with cross-entropy to pick the output-length bucket; the prediction is the bucket's
-geometric centre (the buckets and centres of OUTLETS' own bucket head, ``model.length_head``).
+trained with cross-entropy to pick the output-length bucket (``heads.fit_head``); the prediction
+is the bucket's geometric centre. The buckets are OUTLETS' own bucket head's (the default
+``outlets.bucket_edges``, centres from ``model.length_head``): ``[1,32), [32,64), ..., [512,1024),
+[1024,2048)``, lengths of 2048 and more falling in the last.
 
 By default the LM is the target itself: its last hidden states over the prompt are already in
 the feature files (the prompt prefix of a causal LM does not depend on the response), so nothing
@@ -16,13 +18,14 @@ from typing import List, Optional
 import torch
 from tqdm import tqdm
 
-from specforge_outlets.evaluation.heads import train_head
+from specforge_outlets.evaluation.heads import HeadSettings, fit_head
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 from specforge_outlets.model.length_head import bucket_index, bucket_log_centers
+from specforge_outlets.training.settings import DEFAULT_BUCKET_EDGES
 
-BUCKET_EDGES = (16, 32, 64, 128, 256, 512, 1024)  # [1,16), [16,32), ..., [1024, 2048)
-EPOCHS = 300
+BUCKET_EDGES = DEFAULT_BUCKET_EDGES  # [1,32), [32,64), ..., [1024, 2048): OUTLETS' bucket head's
+SETTINGS = HeadSettings(outputs=len(BUCKET_EDGES) + 1)  # linear
 
 
 class BucketClassifierPredictor(Predictor):
@@ -32,9 +35,8 @@ class BucketClassifierPredictor(Predictor):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.lm_path: Optional[str] = context.options.get("classifier_lm")
-        self.edges = tuple(context.options.get("bucket_edges") or BUCKET_EDGES)
-        self.centres = torch.expm1(bucket_log_centers(self.edges))
-        self.info.update(lm=self.lm_path or "target (features' hidden_state)", bucket_edges=list(self.edges))
+        self.centres = torch.expm1(bucket_log_centers(BUCKET_EDGES))
+        self.info.update(lm=self.lm_path or "target (features' hidden_state)", bucket_edges=list(BUCKET_EDGES))
 
     def embeddings(self, split: Split, desc: str) -> torch.Tensor:
         if self.lm_path:
@@ -65,9 +67,10 @@ class BucketClassifierPredictor(Predictor):
 
     def fit(self, train: Split) -> None:
         x = self.embeddings(train, "lm-classifier: embed train")
-        y = bucket_index(torch.as_tensor(train.lengths), self.edges)
-        self.model = train_head(x, y, outputs=len(self.edges) + 1, epochs=EPOCHS, lr=1e-3, weight_decay=1e-2,
-                                seed=self.context.seed)
+        y = bucket_index(torch.as_tensor(train.lengths), BUCKET_EDGES)
+        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed)
+        self.model = fitted.model
+        self.info.update(fitted.info())
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:

