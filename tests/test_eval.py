@@ -113,20 +113,23 @@ def test_split_has_one_request_per_labelled_response_with_its_prompt(chat):
 def test_each_baseline_trains_and_predicts(chat, name):
     target, train_dir, test_dir = chat
     train, test = load_split(train_dir), load_split(test_dir)
-    predictor = eval_command.build_baseline(name, EvalContext(target_path=target, progress=False))
+    predictor = eval_command.build_baseline(name, EvalContext(target_path=target, progress=False, max_new_tokens=64))
     predictor.fit(train)
     predictions = predictor.predict(test)
     check_predictions(name, test, predictions)
     assert all(p.static >= 0 for p in predictions)
-    if name == "probe":
+    if name.startswith("probe"):
         assert [p.dynamic.shape for p in predictions] == [(r.length,) for r in test.requests]
+        assert "hidden_states[" in predictor.info["layer"]
+    if name in ("probe-mid", "probe-last", "bert", "lm-classifier"):  # the shared fitting recipe
+        assert predictor.info["epochs"] >= 0 and predictor.info["validation_requests"] >= 1
     if name == "constant":
         assert {p.static for p in predictions} == {float(np.median(train.lengths))}
         # dynamically: the median remaining length of the training responses still running
         remaining = predictor.remaining_median(40)
         running = np.array(train.lengths)[np.array(train.lengths) > 5]
         assert remaining[5] == np.median(running - 5)
-    if name in ("probe", "bert", "lm-classifier"):
+    if name in ("probe-mid", "probe-last", "bert", "lm-classifier"):
         # fitted on a learnable signal (the prompt says short or long): beats the training median on train
         fitted = predictor.predict(train)
         mae = np.mean([abs(p.static - r.length) for p, r in zip(fitted, train.requests)])
@@ -136,6 +139,44 @@ def test_each_baseline_trains_and_predicts(chat, name):
         info = predictor.info
         assert info["parsed"] + info["unparseable"] == len(test)
         assert sum(p.static == info["fallback"] for p in predictions) >= info["unparseable"]
+        assert all(p.static <= 64 for p in predictions) and info["max_new_tokens"] == 64
+
+
+def test_probes_read_the_middle_and_the_last_layer(chat):
+    target, train_dir, _ = chat
+    train = load_split(train_dir)
+    assert eval_command.parse_baselines("probe,constant") == ["probe-mid", "probe-last", "constant"]
+    context = EvalContext(target_path=target, progress=False)
+    mid, last = (eval_command.build_baseline(name, context) for name in ("probe-mid", "probe-last"))
+    features = load_features(train.requests[0].file)
+    width = features["hidden_state"].shape[-1]
+    assert torch.equal(mid.states(features), features["aux_hidden_state"][0, :, width : 2 * width])
+    assert torch.equal(last.states(features), features["hidden_state"][0])
+    layers = train.manifest["num_hidden_layers"]
+    assert train.manifest["fusion_layers"][1] == layers // 2  # capture's default: the middle one is N/2
+    assert mid.layer(train) == f"hidden_states[{layers // 2}] of a {layers}-layer target"
+
+
+def test_pia_needs_the_generation_limit(chat):
+    target, train_dir, test_dir = chat
+    predictor = eval_command.build_baseline("pia", EvalContext(target_path=target, progress=False))
+    predictor.fit(load_split(train_dir))
+    with pytest.raises(OutletsError, match="--max-new-tokens"):
+        predictor.predict(load_split(test_dir))
+
+
+def test_lm_classifier_buckets_are_outlets_bucket_head_s():
+    from specforge_outlets.evaluation.baselines import lm_classifier
+    from specforge_outlets.model.length_head import bucket_index
+    from specforge_outlets.training.settings import DEFAULT_BUCKET_EDGES
+
+    assert lm_classifier.BUCKET_EDGES == DEFAULT_BUCKET_EDGES == (32, 64, 128, 256, 512, 1024)
+    # the docstring's buckets: [1,32), [32,64), ..., [1024,2048), 2048 and more in the last
+    buckets = bucket_index(torch.tensor([1, 31, 32, 1023, 1024, 5000]), lm_classifier.BUCKET_EDGES).tolist()
+    assert buckets == [0, 0, 1, 5, 6, 6]
+    predictor = lm_classifier.BucketClassifierPredictor(EvalContext(progress=False))
+    assert predictor.centres[0].item() == pytest.approx(32 ** 0.5, rel=1e-5)
+    assert predictor.centres[-1].item() == pytest.approx((1024 * 2048) ** 0.5, rel=1e-5)
 
 
 def test_lm_classifier_with_another_lm(chat):
@@ -162,42 +203,95 @@ def test_pia_parses_the_first_positive_integer():
 # --- the command and its report --------------------------------------------------------------------
 
 
+def censored_copy(test_dir, destination):
+    """The test split with its first response (r100) censored: labels removed, as capture writes a cut one."""
+    copy = copy_split(test_dir, destination)
+    shutil.copy(os.path.join(test_dir, "manifest.json"), copy)
+    path = os.path.join(copy, "data_0.ckpt")
+    features = load_features(path)
+    save_features(path, {**features, "remaining_length": torch.full_like(features["remaining_length"], -1)})
+    return copy
+
+
+def noise_rows(words):
+    """The test prompts regenerated with another seed: ``words(i)`` words in each first answer."""
+    out = rows(8, 100)
+    for i, row in enumerate(out):
+        row["conversations"] = row["conversations"][:2]
+        row["conversations"][1]["content"] = " ".join(WORDS[:words(i)])
+    return out
+
+
 def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
+    import gzip
+
     from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
     from specforge_outlets.simulation.trace import Trace
 
     target, train_dir, test_dir = chat
+    test_copy = censored_copy(test_dir, tmp_path / "test")
+    regenerated = load_split(test_dir).manifest["input"]  # its own responses: the noise floor of identical samples
+    other = write_jsonl(tmp_path / "seed1.jsonl", noise_rows(lambda i: 3 + i))
     out = tmp_path / "report"
-    code = main(["eval", "--draft", draft, "--sd-only-draft", draft, "--features", test_dir, "--train-features",
-                 train_dir, "--target", target, "--output", str(out), "--timing-repeats", "5", "--no-progress",
-                 "--baselines", "constant,probe,lm-classifier"])  # each baseline has its own test above
+    code = main(["eval", "--draft", draft, "--sd-only-draft", draft, "--lp-only-draft", draft, "--features", test_copy,
+                 "--train-features", train_dir, "--target", target, "--output", str(out), "--timing-repeats", "5",
+                 "--no-progress", "--baselines", "constant,probe,lm-classifier",  # each baseline has its own test above
+                 "--noise-samples", str(regenerated), str(other)])
     assert code == 0, capsys.readouterr().err
     report = json.loads((out / "report.json").read_text())
-    names = ["outlets", "constant", "probe", "lm-classifier"]
+    names = ["outlets", "lp-only", "constant", "probe-mid", "probe-last", "lm-classifier"]
     assert list(report["predictors"]) == names
+    assert report["n_requests"] == 8 and report["n_censored"] == 1
     for name in names:
         entry = report["predictors"][name]
-        assert entry["n_requests"] == report["n_requests"] == 9
+        assert entry["n_requests"] == report["n_requests"]
         assert entry["static_mae"] >= 0 and entry["dynamic_mae"] >= 0
+        for key in ("static_mae", "dynamic_mae"):
+            low, high = entry[f"{key}_ci"]
+            assert low <= entry[key] <= high
+        assert entry["spearman"] is None or -1 <= entry["spearman"] <= 1
         assert len(entry["mae_by_progress"]) == 10
         assert set(entry["mae_by_length_bucket"]) == {"short", "medium", "long"}
+        calibration = entry["calibration"]
+        assert calibration["threshold"] == 800 and calibration["true_share_at_or_above"] == 0
+        assert len(calibration["predicted_quantiles"]) == len(calibration["true_quantiles"]) == 19
+    # the same draft twice: the lp-only row is the outlets row
+    assert report["predictors"]["lp-only"]["static_mae"] == report["predictors"]["outlets"]["static_mae"]
     assert report["predictors"]["outlets"]["dynamic_source"] == "model"
     assert report["predictors"]["lm-classifier"]["dynamic_source"] == "countdown"
     assert report["ranking"]["static_mae"][0] in names
+    floor = report["noise_floor"]
+    # 7 test prompts with a labelled first turn (r100's was cut): samples = the test response, its own
+    # regenerated copy (same length: counted the same way) and the seed-1 answer; r100 has the other two
+    assert floor["n_prompts"] == 8 and floor["n_samples"] == 7 * 3 + 2
+    assert floor["static_mae"] > 0 and floor["static_mae_ci"][0] <= floor["static_mae"] <= floor["static_mae_ci"][1]
     drafting = report["drafting"]
     assert len(drafting["outlets"]["acceptance_rate_per_step"]) == 3
     assert drafting["comparison"]["acceptance_rate_relative_change"] == 0  # the same draft twice
     parameters = report["overhead"]["parameters"]
     assert parameters["length_head"] == 32 * 16 + 16 + 16 * 8 + 8 + 8 + 1
     assert 0 < parameters["head_share"] < 0.5 and report["overhead"]["timing"]["length_head_step_ms"] > 0
-    assert sorted(report["plots"]) == ["mae_vs_progress.png", "predicted_vs_true.png"]
+    assert sorted(report["plots"]) == ["calibration_qq.png", "mae_vs_progress.png", "predicted_vs_true.png"]
     for plot in report["plots"]:
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     markdown = (out / "report.md").read_text()
-    assert "| outlets |" in markdown and "Overhead" in markdown and "Drafting" in markdown
-    rows = read_jsonl(out / "predictions.jsonl")
-    assert len(rows) == 9 * len(names)
-    assert set(rows[0]) == {"id", "predictor", "predicted_output_len", "true_output_len"}
+    assert "| outlets |" in markdown and "| lp-only |" in markdown and "| sampling-noise floor |" in markdown
+    assert "Overhead" in markdown and "Drafting" in markdown and "Calibration" in markdown
+    rows_ = read_jsonl(out / "predictions.jsonl")
+    assert len(rows_) == 8 * len(names)
+    assert set(rows_[0]) == {"id", "predictor", "predicted_output_len", "true_output_len"}
+    # the complete predictions file: every request, censored included, every predictor
+    raw = (out / "predictions.jsonl.gz").read_bytes()
+    assert raw[4:8] == b"\0\0\0\0"  # no timestamp: the same predictions give the same bytes
+    requests = [json.loads(line) for line in gzip.decompress(raw).decode().splitlines()]
+    assert [r["id"] for r in requests][:5] == ["r100", "r101", "r102", "r103#1", "r103#2"]
+    assert [r["censored"] for r in requests] == [True] + [False] * 8
+    for request in requests:
+        assert set(request["static"]) == set(names)
+        assert set(request["dynamic"]) == {"outlets", "lp-only", "constant", "probe-mid", "probe-last"}
+        assert all(len(v) == request["true_output_len"] for v in request["dynamic"].values())
+    scored = {row["id"]: row["predicted_output_len"] for row in rows_ if row["predictor"] == "outlets"}
+    assert all(abs(max(r["static"]["outlets"], 1) - scored[r["id"]]) < 0.06 for r in requests[1:])
     # a per-predictor file is what `outlets simulate --predictor file --predictions` reads
     outlets_rows = read_jsonl(out / "predictions" / "outlets.jsonl")
     ids = [row["id"] for row in outlets_rows]
@@ -211,6 +305,17 @@ def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
     again = main(["eval", "--features", test_dir, "--train-features", train_dir, "--output", str(out),
                   "--baselines", "constant", "--no-progress"])
     assert again == 2 and "exists" in capsys.readouterr().err
+
+
+def test_noise_floor_of_identical_samples_is_zero(chat, tmp_path, capsys):
+    """The test file's own responses as the noise samples: lengths counted as capture did, so no error."""
+    target, train_dir, test_dir = chat
+    regenerated = load_split(test_dir).manifest["input"]
+    out = tmp_path / "report"
+    assert main(["eval", "--features", test_dir, "--train-features", train_dir, "--target", target, "--output", str(out),
+                 "--baselines", "constant", "--no-progress", "--noise-samples", regenerated]) == 0, capsys.readouterr().err
+    floor = json.loads((out / "report.json").read_text())["noise_floor"]
+    assert floor["static_mae"] == 0 and floor["n_prompts"] == 8 and floor["static_mae_ci"] == [0, 0]
 
 
 # --- refused inputs -------------------------------------------------------------------------------

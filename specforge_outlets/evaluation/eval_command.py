@@ -1,7 +1,8 @@
 """``outlets eval``: OUTLETS' length predictions against the baselines, drafting quality, overhead.
 
-    outlets eval --draft EXPORT [--sd-only-draft EXPORT] --features TEST --train-features TRAIN \
-        --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia]
+    outlets eval --draft EXPORT [--sd-only-draft EXPORT] [--lp-only-draft EXPORT] --features TEST \
+        --train-features TRAIN --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia] \
+        [--noise-samples A.jsonl B.jsonl ...]
 
 Every predictor is fitted on the train split and scored on the test split (``metrics``). The report
 is written into a temporary directory next to ``--output`` and renamed at the end, so a failed run
@@ -24,12 +25,15 @@ from specforge_outlets.errors import OutletsError
 # name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
 BASELINES = {
     "constant": "specforge_outlets.evaluation.baselines.constant:ConstantPredictor",
-    "probe": "specforge_outlets.evaluation.baselines.probe:ProbePredictor",
+    "probe-mid": "specforge_outlets.evaluation.baselines.probe:MidProbePredictor",
+    "probe-last": "specforge_outlets.evaluation.baselines.probe:LastProbePredictor",
     "bert": "specforge_outlets.evaluation.baselines.prompt_encoder:PromptEncoderPredictor",
     "lm-classifier": "specforge_outlets.evaluation.baselines.lm_classifier:BucketClassifierPredictor",
     "pia": "specforge_outlets.evaluation.baselines.instruction:InstructionPredictor",
 }
+ALIASES = {"probe": ("probe-mid", "probe-last")}  # the probe at both depths, as TRAIL compares them
 REPORT = "report.json"
+PREDICTIONS_GZ = "predictions.jsonl.gz"
 
 
 def register(subparsers) -> None:
@@ -40,12 +44,20 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--draft", help="`outlets export` directory of the OUTLETS draft (omit: baselines only)")
     parser.add_argument("--sd-only-draft", help="export of a draft trained without the length loss, for drafting quality")
+    parser.add_argument("--lp-only-draft", help="export of a draft trained without the drafting loss: the lp-only row")
     parser.add_argument("--features", required=True, help="test split: feature directory from `outlets capture`")
     parser.add_argument("--train-features", required=True, help="train split the baselines are fitted on")
     parser.add_argument("--target", help="target model (directory, hub name or smollm2-135m); default: the test manifest's")
     parser.add_argument("--output", required=True, help="report directory (must not exist unless --overwrite)")
     parser.add_argument("--baselines", default=",".join(BASELINES),
-                        help=f"comma list of {', '.join(BASELINES)}, or 'none' (default: all)")
+                        help=f"comma list of {', '.join(BASELINES)} (probe: both probes), or 'none' (default: all)")
+    parser.add_argument("--noise-samples", nargs="+", default=[], metavar="JSONL",
+                        help="the test prompts regenerated with other seeds (rows keyed by the test ids): "
+                             "adds the sampling-noise floor to the table")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="the test responses' generation limit (pia clips to it); default: the regeneration summary's")
+    parser.add_argument("--share-threshold", type=int, default=800,
+                        help="calibration: share of requests predicted / truly at or above this many tokens")
     parser.add_argument("--classifier-lm", help="lm-classifier: another causal LM directory (default: the target's states)")
     parser.add_argument("--ttt-length", type=int, default=3, help="drafting: TTT steps unrolled (default 3, the CPU recipes')")
     parser.add_argument("--no-drafting", action="store_true", help="skip the drafting-quality pass")
@@ -67,10 +79,11 @@ def parse_baselines(text: str) -> List[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names == ["none"]:
         return []
-    unknown = [name for name in names if name not in BASELINES]
+    unknown = [name for name in names if name not in BASELINES and name not in ALIASES]
     if unknown or not names:
-        raise OutletsError(f"--baselines {text!r}: unknown {unknown or 'empty list'}; choose from {', '.join(BASELINES)} or none")
-    return list(dict.fromkeys(names))
+        raise OutletsError(f"--baselines {text!r}: unknown {unknown or 'empty list'}; choose from "
+                           f"{', '.join([*BASELINES, *ALIASES])} or none")
+    return list(dict.fromkeys(member for name in names for member in ALIASES.get(name, (name,))))
 
 
 def build_baseline(name: str, context):
@@ -122,13 +135,27 @@ def _check_target(target_path: Optional[str], test) -> None:
         )
 
 
+def _noise_samples(paths: List[str], test, target_path: Optional[str]):
+    """The noise samples, tokenised as the test responses were (the target's tokenizer and end token)."""
+    from transformers import AutoTokenizer
+
+    from specforge_outlets.evaluation.noise import load_noise_samples
+
+    end_id = test.manifest.get("end_of_turn_token_id")
+    if target_path is None or end_id is None:
+        raise OutletsError("--noise-samples counts tokens as capture did: it needs --target and the test "
+                           f"{test.directory}/manifest.json's end_of_turn_token_id (written by `outlets capture`)")
+    return load_noise_samples(paths, test, AutoTokenizer.from_pretrained(target_path), int(end_id))
+
+
 def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[str, Any]:
     import torch
 
-    from specforge_outlets.evaluation import drafting, overhead, report as reporting
-    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, check_features_match_draft, load_draft
+    from specforge_outlets.evaluation import drafting, metrics, overhead, report as reporting
+    from specforge_outlets.evaluation.outlets_predictor import (LP_ONLY, OutletsPredictor, check_features_match_draft,
+                                                                load_draft)
     from specforge_outlets.evaluation.predictor import EvalContext, check_predictions
-    from specforge_outlets.evaluation.requests import load_split
+    from specforge_outlets.evaluation.requests import generation_limit, load_split
 
     progress = not args.no_progress
     if args.threads > 0:
@@ -136,25 +163,34 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     test = load_split(args.features, name="features")
     target_path = _resolve_target(args, test.manifest)
     _check_target(target_path, test)
-    if args.draft and target_path is None:
-        raise OutletsError("--draft needs the target (its token embedding): pass --target")
-    draft = load_draft(args.draft, target_path) if args.draft else None
-    sd_only = load_draft(args.sd_only_draft, target_path) if args.sd_only_draft else None
-    for model, directory in ((draft, args.draft), (sd_only, args.sd_only_draft)):
+    if (args.draft or args.lp_only_draft) and target_path is None:
+        raise OutletsError("--draft and --lp-only-draft need the target (its token embedding): pass --target")
+    drafts = {option: load_draft(directory, target_path, f"--{option.replace('_', '-')}") if directory else None
+              for option, directory in (("draft", args.draft), ("sd_only_draft", args.sd_only_draft),
+                                        ("lp_only_draft", args.lp_only_draft))}
+    for option, model in drafts.items():
         if model is not None:
-            check_features_match_draft(model, directory, test)
+            check_features_match_draft(model, getattr(args, option), test)
+    draft, sd_only = drafts["draft"], drafts["sd_only_draft"]
     train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
-    context = EvalContext(target_path=target_path, device=args.device, seed=args.seed, progress=progress,
+    context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
+                          device=args.device, seed=args.seed, progress=progress,
                           options={"classifier_lm": args.classifier_lm})
     predictors = ([OutletsPredictor(context, draft, args.draft)] if draft is not None else [])
+    if drafts["lp_only_draft"] is not None:
+        predictors.append(OutletsPredictor(context, drafts["lp_only_draft"], args.lp_only_draft, *LP_ONLY))
     predictors += [build_baseline(name, context) for name in baselines]
     if not predictors:
         raise OutletsError("nothing to evaluate: pass --draft or at least one baseline")
+    noise = _noise_samples(args.noise_samples, test, target_path) if args.noise_samples else None
 
     from tqdm import tqdm
 
+    everything = test.with_censored()  # predicted once; only the labelled requests are scored
+    scored = [not request.censored for request in everything.requests]
     results: Dict[str, Any] = {}
     all_predictions: Dict[str, Any] = {}
+    every_prediction: Dict[str, Any] = {}
     all_rows: List[Dict[str, Any]] = []
     os.makedirs(os.path.join(out, "predictions"))
     for predictor in tqdm(predictors, desc="predictors", unit="predictor", disable=not progress):
@@ -162,10 +198,13 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         started = time.perf_counter()
         predictor.fit(train)
         fitted = time.perf_counter()
-        predictions = predictor.predict(test)
+        predictions = predictor.predict(everything)
         done = time.perf_counter()
-        check_predictions(predictor.name, test, predictions)
-        entry = reporting.score(test, predictions, predictor.dynamic_source, short_max=args.short_max, long_min=args.long_min)
+        check_predictions(predictor.name, everything, predictions)
+        every_prediction[predictor.name] = predictions
+        predictions = [p for p, keep in zip(predictions, scored) if keep]
+        entry = reporting.score(test, predictions, predictor.dynamic_source, short_max=args.short_max,
+                                long_min=args.long_min, seed=args.seed, share_threshold=args.share_threshold)
         entry.update(description=predictor.description, fit_seconds=round(fitted - started, 2),
                      predict_seconds=round(done - fitted, 2), info=predictor.info)
         results[predictor.name] = entry
@@ -174,6 +213,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         reporting.write_jsonl(os.path.join(out, "predictions", f"{predictor.name}.jsonl"), rows)
         all_rows += rows
     reporting.write_jsonl(os.path.join(out, "predictions.jsonl"), all_rows)
+    reporting.write_jsonl_gz(os.path.join(out, PREDICTIONS_GZ), reporting.request_rows(everything, every_prediction))
 
     drafting_report = None
     if not args.no_drafting and (draft is not None or sd_only is not None):
@@ -198,12 +238,19 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         "target": target_path,
         "draft": os.path.abspath(args.draft) if args.draft else None,
         "sd_only_draft": os.path.abspath(args.sd_only_draft) if args.sd_only_draft else None,
+        "lp_only_draft": os.path.abspath(args.lp_only_draft) if args.lp_only_draft else None,
         "n_requests": len(test),
+        "n_censored": len(test.censored),
         "n_train_requests": len(train),
         "settings": {"buckets": {"short": args.short_max, "long": args.long_min}, "ttt_length": args.ttt_length,
-                     "seed": args.seed, "baselines": baselines, "compile": args.compile},
+                     "seed": args.seed, "baselines": baselines, "compile": args.compile,
+                     "max_new_tokens": context.max_new_tokens, "share_threshold": args.share_threshold,
+                     "bootstrap": {"resamples": metrics.BOOTSTRAP_RESAMPLES, "confidence": metrics.CONFIDENCE,
+                                   "seed": args.seed}},
         "predictors": results,
         "ranking": {"static_mae": ranked("static_mae"), "dynamic_mae": ranked("dynamic_mae")},
+        "noise_floor": reporting.noise_floor(noise, seed=args.seed) if noise else None,
+        "predictions_file": PREDICTIONS_GZ,
         "drafting": drafting_report,
         "overhead": overhead_report,
     }
@@ -219,6 +266,8 @@ def print_summary(report: Dict[str, Any], output: str) -> None:
     print(f"\nlength prediction on {report['n_requests']} test requests (MAE, tokens):")
     for name, entry in report["predictors"].items():
         print(f"  {name:14s} static {entry['static_mae']:8.1f}   dynamic {entry['dynamic_mae']:8.1f} ({entry['dynamic_source']})")
+    if report.get("noise_floor"):
+        print(f"  {'noise floor':14s} static {report['noise_floor']['static_mae']:8.1f}   (same prompt, other samples)")
     if report.get("drafting") and report["drafting"].get("comparison"):
         c = report["drafting"]["comparison"]
         print(f"drafting: acceptance rate vs SD-only {100 * c['acceptance_rate_relative_change']:+.2f}%")

@@ -3,7 +3,9 @@
 One draft step over each whole sequence (``model.inference``): the state at position ``j`` predicts
 the remaining length after token ``j + 1``, so the state at the last prompt position gives
 ``r_hat_0`` and the response positions give ``r_hat_t``. Nothing is fitted on the train split:
-the draft was trained by ``outlets train``.
+the draft was trained by ``outlets train``. The LP-only ablation (``--lp-only-draft``: the same
+draft trained with ``outlets.sd_loss_weight=0``, length prediction only) is this predictor under
+another name.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Pr
 from specforge_outlets.evaluation.requests import Split
 
 
-def load_draft(directory: str, target_path: str | None):
-    """An ``outlets export`` directory as a float32 draft; errors name the directory."""
+def load_draft(directory: str, target_path: str | None, option: str = "--draft"):
+    """An ``outlets export`` directory as a float32 draft; errors name the option and directory."""
     from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
 
     if not os.path.isfile(os.path.join(directory, "config.json")):
-        raise OutletsError(f"--draft {directory}: no config.json; pass an `outlets export` directory")
+        raise OutletsError(f"{option} {directory}: no config.json; pass an `outlets export` directory")
     try:
         return OutletsLlamaForCausalLMEagle3.from_export(directory, target_model_path=target_path)
     except OutletsError as exc:
@@ -46,14 +48,18 @@ def check_features_match_draft(draft, directory: str, split: Split) -> None:
         )
 
 
+LP_ONLY = ("lp-only", "OUTLETS' draft and head trained without the drafting loss (sd_loss_weight 0): length prediction only")
+
+
 class OutletsPredictor(Predictor):
     name = "outlets"
     description = "OUTLETS: the EAGLE-3 draft's length head (draft state after the gated draft layer)"
     dynamic_source = DYNAMIC_MODEL
 
-    def __init__(self, context, draft=None, draft_dir: str = "") -> None:
+    def __init__(self, context, draft=None, draft_dir: str = "", name: str = name, description: str = description) -> None:
         super().__init__(context)
         self.draft, self.draft_dir = draft, draft_dir
+        self.name, self.description = name, description
 
     def fit(self, train: Split) -> None:
         pass
@@ -65,7 +71,7 @@ class OutletsPredictor(Predictor):
 
         check_features_match_draft(self.draft, self.draft_dir, test)
         out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
-        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc="outlets: predict",
+        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
                                          unit="file", disable=not self.context.progress, leave=False):
             z = predict_log_remaining(self.draft, features["input_ids"][None], features["aux_hidden_state"])[0]
             remaining = log_remaining_to_tokens(z).double()

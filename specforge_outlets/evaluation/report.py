@@ -1,41 +1,78 @@
-"""Scoring predictions and writing the report: report.json, report.md, plots, predictions JSONL.
+"""Scoring predictions and writing the report: report.json, report.md, plots, predictions files.
 
-``predictions/<predictor>.jsonl`` has one line per test request, ``{"id", "predictor",
+``predictions/<predictor>.jsonl`` has one line per scored test request, ``{"id", "predictor",
 "predicted_output_len", "true_output_len"}``: the format ``outlets simulate --predictor file
 --predictions`` reads (it needs a positive ``predicted_output_len``, so predictions are written
 as at least 1 token). ``predictions.jsonl`` holds all predictors' lines together.
+
+``predictions.jsonl.gz`` is the complete record, small enough to commit for the serving study:
+one line per test request, censored ones included, ``{"id", "true_output_len", "censored",
+"static": {predictor: r_hat_0}, "dynamic": {predictor: [r_hat_t, t = 0 .. L-1]}}``; ``dynamic``
+holds the predictors that re-predict (not the countdowns, which follow from ``static``); a
+censored request's ``true_output_len`` is the tokens generated before the cut, a lower bound.
+Written with a zero gzip timestamp, so the same predictions give the same bytes.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation import metrics
 from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.requests import Split
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 MIN_WRITTEN_PREDICTION = 1.0
 
 
 def score(test: Split, predictions: List[Prediction], dynamic_source: str, *,
-          short_max: int = metrics.SHORT_MAX, long_min: int = metrics.LONG_MIN) -> Dict[str, Any]:
+          short_max: int = metrics.SHORT_MAX, long_min: int = metrics.LONG_MIN, seed: int = 0,
+          share_threshold: int = metrics.SHARE_THRESHOLD) -> Dict[str, Any]:
     lengths = test.lengths
     static = [p.static for p in predictions]
     dynamic = [p.dynamic if p.dynamic is not None else metrics.countdown(p.static, L)
                for p, L in zip(predictions, lengths)]
     source = dynamic_source if predictions[0].dynamic is not None else "countdown"
+    static_errors = metrics.static_abs_errors(lengths, static)
+    dynamic_errors = metrics.dynamic_request_errors(lengths, dynamic)
     return {
-        "static_mae": metrics.static_mae(lengths, static),
-        "dynamic_mae": metrics.dynamic_mae(lengths, dynamic),
+        "static_mae": float(static_errors.mean()),
+        "static_mae_ci": metrics.bootstrap_interval(static_errors, seed=seed),
+        "dynamic_mae": float(dynamic_errors.mean()),
+        "dynamic_mae_ci": metrics.bootstrap_interval(dynamic_errors, seed=seed),
         "dynamic_source": source,
         "n_requests": len(lengths),
+        "spearman": metrics.spearman(static, lengths),
         "mae_by_progress": metrics.mae_by_progress(lengths, dynamic),
         "mae_by_length_bucket": metrics.mae_by_length_bucket(lengths, static, dynamic, short_max, long_min),
+        "calibration": metrics.calibration(lengths, static, threshold=share_threshold),
+    }
+
+
+def noise_floor(samples: NoiseSamples, *, seed: int = 0) -> Dict[str, Any]:
+    """The noise-floor row: static MAE of each sample against the median of its prompt's others."""
+    per_prompt = metrics.noise_floor_errors(samples.lengths)
+    if not per_prompt:
+        raise OutletsError(
+            f"--noise-samples {' '.join(samples.files)}: no test prompt has two finished samples "
+            f"({samples.unfinished} first turns were cut by the token limit); regenerate more samples"
+        )
+    errors = list(per_prompt.values())
+    return {
+        "static_mae": float(np.mean(errors)),
+        "static_mae_ci": metrics.bootstrap_interval(errors, seed=seed),
+        "n_prompts": len(per_prompt),
+        "n_samples": sum(len(samples.lengths[key]) for key in per_prompt),
+        "unfinished_samples": samples.unfinished,
+        "ignored_rows": samples.ignored_rows,
+        "files": [os.path.abspath(path) for path in samples.files],
     }
 
 
@@ -47,32 +84,84 @@ def prediction_rows(name: str, test: Split, predictions: List[Prediction]) -> Li
     ]
 
 
+def request_rows(everything: Split, predictions: Dict[str, List[Prediction]]) -> List[Dict[str, Any]]:
+    """The ``predictions.jsonl.gz`` rows: every request, every predictor (tokens, 0.1 precision)."""
+    rows = []
+    for index, request in enumerate(everything.requests):
+        own = {name: values[index] for name, values in predictions.items()}
+        rows.append({
+            "id": request.id, "true_output_len": request.length, "censored": request.censored,
+            "static": {name: round(p.static, 1) for name, p in own.items()},
+            "dynamic": {name: np.round(p.dynamic, 1).tolist() for name, p in own.items() if p.dynamic is not None},
+        })
+    return rows
+
+
 def write_jsonl(path: str, rows: List[Dict[str, Any]]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
 
 
+def write_jsonl_gz(path: str, rows: List[Dict[str, Any]]) -> None:
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+        for row in rows:
+            handle.write((json.dumps(row) + "\n").encode("utf-8"))
+
+
 def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "–" if value is None or (isinstance(value, float) and not np.isfinite(value)) else f"{value:.{digits}f}"
+
+
+def _with_ci(value: float, interval) -> str:
+    return f"{_fmt(value)} [{_fmt(interval[0])}, {_fmt(interval[1])}]"
 
 
 def markdown(report: Dict[str, Any]) -> str:
     lines = ["# OUTLETS evaluation", ""]
     lines += [f"- test features: `{report['features']}` ({report['n_requests']} requests)",
               f"- train features: `{report['train_features']}` ({report['n_train_requests']} requests)",
-              f"- target: `{report['target']}`", f"- draft: `{report['draft']}`", ""]
+              f"- target: `{report['target']}`", f"- draft: `{report['draft']}`",
+              f"- LP-only draft: `{report['lp_only_draft']}`", ""]
     lines += ["## Length prediction (tokens; lower is better)", "",
-              "| predictor | static MAE | dynamic MAE | dynamic from | n | short | medium | long |",
-              "|---|---:|---:|---|---:|---:|---:|---:|"]
+              f"95% bootstrap intervals over the test requests ({report['settings']['bootstrap']['resamples']} resamples, "
+              f"seed {report['settings']['bootstrap']['seed']}); Spearman: rank correlation of r̂₀ with L. "
+              f"{report['n_censored']} censored test responses are predicted (predictions file) but not scored.", "",
+              "| predictor | static MAE [95% CI] | dynamic MAE [95% CI] | dynamic from | Spearman | n |",
+              "|---|---:|---:|---|---:|---:|"]
+    for name, entry in report["predictors"].items():
+        lines.append(f"| {name} | {_with_ci(entry['static_mae'], entry['static_mae_ci'])} | "
+                     f"{_with_ci(entry['dynamic_mae'], entry['dynamic_mae_ci'])} | {entry['dynamic_source']} | "
+                     f"{_fmt(entry['spearman'], 3)} | {entry['n_requests']} |")
+    floor = report.get("noise_floor")
+    if floor:
+        lines.append(f"| sampling-noise floor | {_with_ci(floor['static_mae'], floor['static_mae_ci'])} | – | – | – | "
+                     f"{floor['n_prompts']} prompts |")
+    lines += ["", "Dynamic from: `model` = re-predicted at every position; `countdown` = max(static - t, 1); "
+              "`conditional-median` = training median of the remaining length of responses still running."]
+    if floor:
+        lines += ["", f"Sampling-noise floor: each of {floor['n_samples']} finished first-turn samples of {floor['n_prompts']} "
+                  f"test prompts (the test response and {len(floor['files'])} regenerated files) predicted by the median "
+                  f"of the same prompt's other samples; {floor['unfinished_samples']} cut samples left out."]
+    lines += ["", "## MAE by true length (static / dynamic)", "",
+              "Short L < {short}, long L > {long}.".format(**report["settings"]["buckets"]), "",
+              "| predictor | " + " | ".join(metrics.BUCKETS) + " |", "|---|" + "---:|" * len(metrics.BUCKETS)]
     for name, entry in report["predictors"].items():
         buckets = entry["mae_by_length_bucket"]
-        cells = [f"{_fmt(buckets[b]['static_mae'])} (n={buckets[b]['n_requests']})" for b in metrics.BUCKETS]
-        lines.append(f"| {name} | {_fmt(entry['static_mae'])} | {_fmt(entry['dynamic_mae'])} | "
-                     f"{entry['dynamic_source']} | {entry['n_requests']} | " + " | ".join(cells) + " |")
-    lines += ["", "Length buckets (static MAE): short L < {short}, long L > {long}.".format(**report["settings"]["buckets"]),
-              "Dynamic from: `model` = re-predicted at every position; `countdown` = max(static - t, 1); "
-              "`conditional-median` = training median of the remaining length of responses still running.", ""]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{_fmt(buckets[b]['static_mae'])} / {_fmt(buckets[b]['dynamic_mae'])} (n={buckets[b]['n_requests']})"
+            for b in metrics.BUCKETS) + " |")
+    threshold = report["settings"]["share_threshold"]
+    lines += ["", "## Calibration of r̂₀ (quantiles predicted / true; see calibration_qq.png)", "",
+              f"| predictor | share ≥ {threshold} predicted / true | P10 | P25 | P50 | P75 | P90 |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, entry in report["predictors"].items():
+        c = entry["calibration"]
+        cells = [f"{_fmt(c['predicted_quantiles'][i], 0)} / {_fmt(c['true_quantiles'][i], 0)}"
+                 for i in (c["levels"].index(level) for level in (0.1, 0.25, 0.5, 0.75, 0.9))]
+        lines.append(f"| {name} | {100 * c['predicted_share_at_or_above']:.1f}% / {100 * c['true_share_at_or_above']:.1f}% | "
+                     + " | ".join(cells) + " |")
+    lines.append("")
     lines += ["## Dynamic MAE by decoding progress (deciles of t/L)", "",
               "| predictor | " + " | ".join(f"{10 * i}-{10 * (i + 1)}%" for i in range(metrics.NUM_PROGRESS_BINS)) + " |",
               "|---|" + "---:|" * metrics.NUM_PROGRESS_BINS]
@@ -156,6 +245,27 @@ def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Predi
         ax.axis("off")
     fig.tight_layout()
     path = os.path.join(directory, "predicted_vs_true.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(os.path.basename(path))
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for name, entry in report["predictors"].items():
+        c = entry["calibration"]
+        ax.plot(c["true_quantiles"], np.maximum(c["predicted_quantiles"], MIN_WRITTEN_PREDICTION), marker=".", label=name)
+    ax.plot([low, high], [low, high], "k--", lw=0.8, label="calibrated")
+    threshold = report["settings"]["share_threshold"]
+    ax.axhline(threshold, color="grey", lw=0.6, ls=":")
+    ax.axvline(threshold, color="grey", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("true length quantile (tokens)")
+    ax.set_ylabel("predicted r_hat_0 quantile (tokens)")
+    ax.set_title("Calibration: quantiles 5%..95% (dotted: share threshold)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(directory, "calibration_qq.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     written.append(os.path.basename(path))

@@ -1,7 +1,9 @@
 """A split of captured features as evaluation requests: one per labelled assistant response.
 
 A request is the span ``[start, start + L)`` of a feature file whose ``remaining_length`` labels
-are ``L, L-1, ..., 1`` (censored responses carry no labels and are not requests). Predictions at
+are ``L, L-1, ..., 1``. Censored responses (cut by the token limit) carry no labels and are not
+scored; they are kept apart (``Split.censored``, their ``length`` the tokens generated before the
+cut, a lower bound) so the predictions file covers every request a server would see. Predictions at
 response position ``t`` are read from the state at ``start - 1 + t`` (EAGLE-3's alignment: the
 state at the last prompt position predicts the whole length).
 
@@ -36,6 +38,9 @@ class Request:
     start: int  # index of the first response token
     length: int  # L, the true output length in tokens
     messages: Optional[Tuple[Dict[str, str], ...]]  # the prompt conversation, when known
+    row_id: str = ""  # the regenerated JSONL row it comes from
+    turn: int = 0  # which assistant turn of that row (0: the first)
+    censored: bool = False  # cut by the token limit: ``length`` is a lower bound, never scored
 
     @property
     def prompt_end(self) -> int:
@@ -44,13 +49,20 @@ class Request:
 
 
 class Split:
-    """The requests of one features directory, in file order."""
+    """The labelled requests of one features directory, in file order (``censored``: the others)."""
 
-    def __init__(self, directory: str, requests: List[Request], manifest: Dict[str, Any], hidden_size: int):
+    def __init__(self, directory: str, requests: List[Request], manifest: Dict[str, Any], hidden_size: int,
+                 censored: Optional[List[Request]] = None):
         self.directory = directory
         self.requests = requests
         self.manifest = manifest
         self.hidden_size = hidden_size
+        self.censored = censored or []
+
+    def with_censored(self) -> "Split":
+        """Every request, labelled and censored, in file order: what predictors run on once."""
+        everything = sorted(self.requests + self.censored, key=lambda r: (_natural_key(r.file), r.start))
+        return Split(self.directory, everything, self.manifest, self.hidden_size)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -99,12 +111,13 @@ def load_split(directory: str, *, hidden_size: Optional[int] = None, name: str =
         name_ = os.path.basename(path)
         row_id = ids.get(name_, os.path.splitext(name_)[0])
         requests += _file_requests(path, features, row_id, rows.get(row_id))
-    if not requests:
+    labelled = [request for request in requests if not request.censored]
+    if not labelled:
         raise OutletsError(
             f"--{name} {directory}: none of its {len(paths)} feature files has a labelled response "
             "(an empty split: every response was censored or unlabelled)"
         )
-    return Split(directory, requests, manifest, int(hidden_size))
+    return Split(directory, labelled, manifest, int(hidden_size), [r for r in requests if r.censored])
 
 
 def _file_requests(path: str, features, row_id: str, row: Optional[Dict[str, Any]]) -> List[Request]:
@@ -113,11 +126,12 @@ def _file_requests(path: str, features, row_id: str, row: Optional[Dict[str, Any
     turns = _assistant_prompts(row, len(spans))
     requests = []
     for k, (start, end) in enumerate(spans):
+        if start < 1:
+            continue  # a response with no prompt before it
         length = end - start
-        if start < 1 or int(labels[start]) != length:
-            continue  # censored (no label) or a response with no prompt before it
         request_id = row_id if len(spans) == 1 else f"{row_id}#{k + 1}"
-        requests.append(Request(request_id, path, start, length, turns[k] if turns else None))
+        requests.append(Request(request_id, path, start, length, turns[k] if turns else None, row_id, k,
+                                censored=int(labels[start]) != length))
     return requests
 
 
@@ -144,12 +158,33 @@ def _read_manifest(directory: str) -> Dict[str, Any]:
         raise OutletsError(f"{path}: not readable JSON ({exc})") from exc
 
 
-def _read_rows(manifest: Dict[str, Any], directory: str) -> Dict[str, Dict[str, Any]]:
+def regenerated_jsonl(manifest: Dict[str, Any], directory: str) -> Optional[str]:
+    """The regenerated JSONL the manifest names (``input``, relative to here or the directory), if it exists."""
     source = manifest.get("input")
     if not source:
-        return {}
+        return None
     candidates = [source] if os.path.isabs(source) else [source, os.path.join(directory, source)]
-    found = next((path for path in candidates if os.path.isfile(path)), None)
+    return next((path for path in candidates if os.path.isfile(path)), None)
+
+
+def generation_limit(split: Split) -> Optional[int]:
+    """``max_new_tokens`` of the regeneration, from the summary `outlets regenerate` writes beside its JSONL."""
+    from specforge_outlets.data.regenerate_command import side_paths
+
+    source = regenerated_jsonl(split.manifest, split.directory)
+    summary = side_paths(source)["summary"] if source else None
+    if not summary or not os.path.isfile(summary):
+        return None
+    try:
+        with open(summary, encoding="utf-8") as handle:
+            value = json.load(handle).get("settings", {}).get("max_new_tokens")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutletsError(f"{summary}: not readable JSON ({exc})") from exc
+    return int(value) if value else None
+
+
+def _read_rows(manifest: Dict[str, Any], directory: str) -> Dict[str, Dict[str, Any]]:
+    found = regenerated_jsonl(manifest, directory)
     if found is None:
         return {}
     rows = {}
