@@ -402,3 +402,39 @@ def test_unknown_baseline_is_refused(chat, tmp_path, capsys):
     _, train_dir, test_dir = chat
     err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines", "bret")
     assert "bret" in err and "constant" in err
+
+
+def test_bad_noise_samples_are_refused_naming_the_row(chat, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    args = ["--features", test_dir, "--train-features", train_dir, "--target", target, "--baselines", "constant"]
+    strangers = write_jsonl(tmp_path / "strangers.jsonl", [{**row, "id": f"x{i}"} for i, row in enumerate(rows(2, 0))])
+    err = refused(capsys, tmp_path / "o1", *args, "--noise-samples", strangers)
+    assert "strangers.jsonl" in err and "no row has the id of a test row" in err
+    other_prompt = noise_rows(lambda i: 4)
+    other_prompt[2]["conversations"][0]["content"] = "Something else?"
+    err = refused(capsys, tmp_path / "o2", *args, "--noise-samples", write_jsonl(tmp_path / "p.jsonl", other_prompt))
+    assert "p.jsonl:3" in err and "r102" in err and "same test prompts" in err
+    unregenerated = noise_rows(lambda i: 4)
+    del unregenerated[0]["conversations"][1]["finish_reason"]
+    err = refused(capsys, tmp_path / "o3", *args, "--noise-samples", write_jsonl(tmp_path / "u.jsonl", unregenerated))
+    assert "u.jsonl:1" in err and "finish_reason" in err
+    twice = noise_rows(lambda i: 4)
+    err = refused(capsys, tmp_path / "o4", *args, "--noise-samples", write_jsonl(tmp_path / "t.jsonl", twice + twice[:1]))
+    assert "t.jsonl:9" in err and "twice" in err
+
+
+def test_generation_limit_comes_from_the_regeneration_summary(chat, tmp_path):
+    from specforge_outlets.evaluation.requests import Split, generation_limit
+
+    jsonl = write_jsonl(tmp_path / "test.jsonl", rows(1, 0))
+    split = Split(str(tmp_path), [], {"input": str(jsonl)}, 32)
+    assert generation_limit(split) is None  # no summary: pia then asks for --max-new-tokens
+    (tmp_path / "test.summary.json").write_text(json.dumps({"settings": {"max_new_tokens": 320}}))
+    assert generation_limit(split) == 320
+
+
+def test_a_missing_lp_only_draft_is_refused(chat, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    err = refused(capsys, tmp_path / "o", "--lp-only-draft", str(tmp_path / "nothing"), "--features", test_dir,
+                  "--train-features", train_dir, "--target", target, "--baselines", "none")
+    assert "--lp-only-draft" in err and "nothing" in err and "outlets export" in err

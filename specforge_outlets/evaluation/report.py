@@ -141,7 +141,7 @@ def markdown(report: Dict[str, Any]) -> str:
               "`conditional-median` = training median of the remaining length of responses still running."]
     if floor:
         lines += ["", f"Sampling-noise floor: each of {floor['n_samples']} finished first-turn samples of {floor['n_prompts']} "
-                  f"test prompts (the test response and {len(floor['files'])} regenerated files) predicted by the median "
+                  f"test prompts (the test response and {len(floor['files'])} regenerated file(s)) predicted by the median "
                   f"of the same prompt's other samples; {floor['unfinished_samples']} cut samples left out."]
     lines += ["", "## MAE by true length (static / dynamic)", "",
               "Short L < {short}, long L > {long}.".format(**report["settings"]["buckets"]), "",

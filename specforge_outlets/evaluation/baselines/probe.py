@@ -11,7 +11,7 @@ no draft: it is OUTLETS' head without the draft's gated layer and fused depths.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -72,10 +72,6 @@ class ProbePredictor(Predictor):
         return out
 
 
-def _depths(split: Split) -> Dict[str, Any]:
-    return {"fusion_layers": split.manifest.get("fusion_layers"), "layers": split.manifest.get("num_hidden_layers")}
-
-
 class MidProbePredictor(ProbePredictor):
     name = "probe-mid"
     description = "MLP probe on the frozen target's middle layer (N/2, as TRAIL; internal-state family)"
@@ -85,10 +81,10 @@ class MidProbePredictor(ProbePredictor):
         return features["aux_hidden_state"][0, :, hidden : 2 * hidden]  # the middle of the three fusion depths
 
     def layer(self, split: Split) -> str:
-        depths = _depths(split)
-        if not depths["fusion_layers"]:
+        fusion = split.manifest.get("fusion_layers")
+        if not fusion:
             return "middle fusion depth (manifest.json names no fusion_layers)"
-        return f"hidden_states[{depths['fusion_layers'][1]}] of a {depths['layers']}-layer target"
+        return f"hidden_states[{fusion[1]}] of a {split.manifest.get('num_hidden_layers')}-layer target"
 
 
 class LastProbePredictor(ProbePredictor):
@@ -99,5 +95,4 @@ class LastProbePredictor(ProbePredictor):
         return features["hidden_state"][0]
 
     def layer(self, split: Split) -> str:
-        layers = _depths(split)["layers"]
-        return f"hidden_states[{layers if layers else -1}] (last, after the final norm)"
+        return f"hidden_states[{split.manifest.get('num_hidden_layers', -1)}] (last, after the final norm)"
