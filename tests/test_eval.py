@@ -401,7 +401,9 @@ def test_check_predictions_rejects_nan():
 def test_unknown_baseline_is_refused(chat, tmp_path, capsys):
     _, train_dir, test_dir = chat
     err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines", "bret")
-    assert "bret" in err and "constant" in err
+    assert "bret" in err and "constant" in err and "probe-mid" in err
+    err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--max-new-tokens", "0")
+    assert "--max-new-tokens must be >= 1" in err
 
 
 def test_bad_noise_samples_are_refused_naming_the_row(chat, tmp_path, capsys):

@@ -93,6 +93,9 @@ def build_baseline(name: str, context):
 
 def run(args: argparse.Namespace) -> int:
     baselines = parse_baselines(args.baselines)
+    for name in ("max_new_tokens", "share_threshold"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise OutletsError(f"--{name.replace('_', '-')} must be >= 1 token, got {getattr(args, name)}")
     output = os.path.abspath(args.output)
     if os.path.exists(output) and os.listdir(output) and not args.overwrite:
         raise OutletsError(f"--output {args.output} exists and is not empty; choose a new directory or pass --overwrite")
