@@ -1,6 +1,6 @@
 # Every install step of the project lives here. `make demo` and `make test` build the CPU
 # environment in .venv on first use (torch 2.13.0 CPU build, SpecForge 0.2.0 without its CUDA
-# pins), then run; `make test` also builds the serve environment (.venv-serve: SGLang 0.5.23 +
+# pins) and llama.cpp's llama-server, then run; `make test` also builds the serve environment (.venv-serve: SGLang 0.5.23 +
 # the sglang_patches plugin, CPU torch 2.13.0) and runs the plugin's tests against real CPU servers.
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,9 +16,14 @@ SERVE_STAMP := $(SERVE_VENV)/.outlets-serve-installed
 SERVE_TESTS := tests/test_sglang_plugin.py tests/test_sglang_server.py tests/test_sglang_dp.py tests/test_sglang_predictor.py \
 	tests/test_sglang_eagle3_draft.py
 
-.PHONY: install serve-env demo test test-serve clean
+.PHONY: install llama-server serve-env demo test test-serve clean
 
-install: $(STAMP)
+install: $(STAMP) llama-server
+
+# llama.cpp's server, the `llama` regeneration backend (the CPU default): built from the source
+# vendored in the llama-cpp-python sdist into ~/.cache/specforge-outlets, once per machine (~10 min).
+llama-server: $(STAMP)
+	PYTHON=$(PY) bash scripts/build-llama-server.sh
 
 $(STAMP): setup.py requirements/cpu.txt requirements/cpu-nodeps.txt requirements/constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)

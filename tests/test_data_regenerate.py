@@ -123,7 +123,7 @@ def test_hf_backend_counts_and_finish_reasons(chat_target):
     backend = HFBackend(chat_target, SamplingSettings(max_new_tokens=5, temperature=1.0, top_p=1.0,
                                                       repetition_penalty=1.0, seed=0))
     assert backend.stop_ids == [END_ID]
-    assert backend._turn([7, 8, END_ID, 0, 0]) == TurnResult(backend.tokenizer.decode([7, 8]), 3, STOP)
+    assert backend._turn([7, 8, END_ID, 0, 0]) == TurnResult(backend.tokenizer.decode([7, 8]), 3, STOP, [7, 8, END_ID])
     assert backend._turn([7, 8, 9, 10, 11]).finish_reason == LENGTH
     answers = backend.complete([[{"role": "user", "content": f"hello {i}"}] for i in range(12)])
     reasons = {answer.finish_reason for answer in answers}

@@ -28,6 +28,17 @@ class ChatTokens:
     censored: List[bool]  # one flag per assistant span, in order
 
 
+def generation_prompt_ids(tokenizer: Any, messages: List[Dict[str, Any]]) -> List[int]:
+    """The prompt a backend sends: the history through the chat template, then the assistant header.
+
+    Only role and content reach the template (not our bookkeeping fields), and every backend
+    tokenises here, so all engines see the same prompt tokens.
+    """
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+    text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def tokenise_conversation(tokenizer: Any, conversations: List[Dict[str, Any]], end_id: int) -> ChatTokens:
     messages = [{"role": turn["role"], "content": turn["content"]} for turn in conversations]
     assistant = [index for index, turn in enumerate(conversations) if turn["role"] == "assistant"]

@@ -1,4 +1,4 @@
-"""Turn-by-turn regeneration, shared by the ``hf`` and ``openai`` backends.
+"""Turn-by-turn regeneration, shared by the ``hf``, ``llama`` and ``openai`` backends.
 
 Each user turn is answered by the target given the *regenerated* history, so the lengths are the
 target's own. A turn stopped by the token limit is right-censored: its true length is unknown, it
@@ -8,7 +8,7 @@ it are dropped (a truncated answer followed by the next question is no longer a 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 STOP, LENGTH = "stop", "length"
@@ -33,6 +33,7 @@ class TurnResult:
     content: str
     num_tokens: int  # generated tokens, the end-of-turn token included when the turn ended
     finish_reason: str  # STOP or LENGTH
+    token_ids: Optional[List[int]] = field(default=None)  # the generated ids, where the engine returns them
 
 
 class TurnError(Exception):
@@ -78,14 +79,15 @@ class _State:
             self.error = TurnError(f"turn {self.answered + 1}: {answer}")
             return
         self.history.append({"role": "user", "content": self.questions[self.answered]})
-        self.history.append(
-            {
-                "role": "assistant",
-                "content": answer.content,
-                "num_tokens": answer.num_tokens,
-                "finish_reason": answer.finish_reason,
-            }
-        )
+        turn = {
+            "role": "assistant",
+            "content": answer.content,
+            "num_tokens": answer.num_tokens,
+            "finish_reason": answer.finish_reason,
+        }
+        if answer.token_ids is not None:
+            turn["token_ids"] = answer.token_ids
+        self.history.append(turn)
         self.answered += 1
         self.censored = answer.finish_reason == LENGTH
 

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
+from specforge_outlets.data.chat_tokens import generation_prompt_ids
 from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
 from specforge_outlets.data.targets import resolve_target, stop_token_ids
 
@@ -31,8 +32,7 @@ class HFBackend:
         torch.manual_seed(settings.seed)
 
     def prompt_ids(self, messages: Messages) -> List[int]:
-        text = self.tokenizer.apply_chat_template(_plain(messages), tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return generation_prompt_ids(self.tokenizer, messages)
 
     def complete(self, batch: Sequence[Messages]) -> List[Union[TurnResult, TurnError]]:
         settings = self.settings
@@ -73,13 +73,9 @@ class HFBackend:
         stop = next((position for position, token in enumerate(tokens) if token in self.stop_ids), None)
         if stop is None:
             kept = tokens[: self.settings.max_new_tokens]
-            return TurnResult(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), LENGTH)
-        return TurnResult(self.tokenizer.decode(tokens[:stop], skip_special_tokens=True), stop + 1, STOP)
-
-
-def _plain(messages: Messages) -> Messages:
-    """Only role and content reach the chat template (not our bookkeeping fields)."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+            return TurnResult(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), LENGTH, kept)
+        content = self.tokenizer.decode(tokens[:stop], skip_special_tokens=True)
+        return TurnResult(content, stop + 1, STOP, tokens[: stop + 1])
 
 
 class _StepProgress(StoppingCriteria):

@@ -30,14 +30,24 @@ from specforge_outlets.data.jsonl import AppendWriter, BadLine, iter_jsonl, reco
 from specforge_outlets.errors import OutletsError
 
 MAX_REPORTED_ERRORS = 100
+# Requests in flight unless --concurrency says otherwise. llama: the server's parallel slots;
+# 8-16 give the best throughput on 2 cores (docs/data.md), and each holds a whole context of KV.
+DEFAULT_CONCURRENCY = {"openai": 32, "llama": 8}
 COUNT_KEYS = ("kept", "filtered", "errors", "bad_lines", "turns", "censored_turns")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     defaults = SamplingSettings()
     parser = subparsers.add_parser("regenerate", help="regenerate every assistant turn with the target model")
-    parser.add_argument("--backend", required=True, choices=("hf", "openai"))
-    parser.add_argument("--target", required=True, help="model directory, hub name or smollm2-135m (openai: served model name)")
+    parser.add_argument(
+        "--backend", required=True, choices=("llama", "hf", "openai"),
+        help="llama: llama.cpp server on a GGUF target, started by the run (the fast CPU engine); "
+        "hf: transformers in process; openai: an OpenAI-compatible server you run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--target", required=True,
+        help="hf: model directory, hub name or smollm2-135m; llama: a .gguf file or smollm2-135m; openai: served model name",
+    )  # fmt: skip
     parser.add_argument("--input", required=True, help="JSONL of conversations (from `outlets prepare`) or prompts")
     parser.add_argument("--output", required=True, help="append-only JSONL of regenerated conversations")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="per turn; a turn cut here is censored")
@@ -51,7 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="hf: torch device")
     parser.add_argument("--base-url", default="http://127.0.0.1:30000/v1", help="openai: server URL")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="openai: default $OPENAI_API_KEY")
-    parser.add_argument("--concurrency", type=int, default=32, help="openai: requests in flight")
+    parser.add_argument(
+        "--concurrency", type=int, help="requests in flight (openai: default 32; llama: the server's parallel slots, default 8)"
+    )
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama: CPU threads of the server")
     parser.add_argument("--timeout", type=float, default=600.0, help="openai: seconds per request")
     parser.add_argument("--max-retries", type=int, default=5, help="openai: retries per request")
     parser.add_argument("--backoff", type=float, default=1.0, help="openai: first retry delay, doubled each time")
@@ -60,11 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def side_paths(output: str) -> Dict[str, str]:
     stem = output[: -len(".jsonl")] if output.endswith(".jsonl") else output
-    return {"filtered": f"{stem}.filtered.jsonl", "summary": f"{stem}.summary.json"}
+    return {"filtered": f"{stem}.filtered.jsonl", "summary": f"{stem}.summary.json", "engine_log": f"{stem}.engine.log"}
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_new_tokens", "max_response_tokens", "batch_size", "concurrency"):
+    if args.concurrency is None:
+        args.concurrency = DEFAULT_CONCURRENCY.get(args.backend, 1)
+    for name in ("max_new_tokens", "max_response_tokens", "batch_size", "concurrency", "threads"):
         if getattr(args, name) < 1:
             raise OutletsError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, args.seed)
@@ -86,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             record.kept, record.filtered = kept, filtered
             if args.backend == "hf":
                 _run_hf(args, settings, pending, record)
+            elif args.backend == "llama":
+                _run_llama(args, settings, pending, record, paths["engine_log"])
             else:
                 _run_openai(args, settings, pending, record)
     counts = record.counts
@@ -183,20 +200,56 @@ def _run_hf(args: argparse.Namespace, settings: SamplingSettings, pending: List[
 def _run_openai(
     args: argparse.Namespace, settings: SamplingSettings, pending: List[Dict[str, Any]], record: _Recorder
 ) -> None:
-    from tqdm import tqdm
-
     from specforge_outlets.data.openai_backend import OpenAIBackend
 
     backend = OpenAIBackend(
         args.base_url, args.target, settings, args.api_key, args.timeout, args.max_retries, args.backoff
     )
-    with ThreadPoolExecutor(max_workers=args.concurrency) as pool, tqdm(
-        total=len(pending), desc="regenerate (openai)", unit="conv"
+    _run_concurrent(backend.complete, args.concurrency, pending, record, "openai")
+
+
+def _run_llama(
+    args: argparse.Namespace,
+    settings: SamplingSettings,
+    pending: List[Dict[str, Any]],
+    record: _Recorder,
+    log_path: str,
+) -> None:
+    from specforge_outlets.data.llama_backend import LlamaBackend, LlamaServer, load_gguf_target
+
+    target = load_gguf_target(args.target)  # refuses a target without a chat template first
+    print(f"starting llama-server: {target.gguf.name}, {args.concurrency} slots, {args.threads} threads (log: {log_path})")
+    with LlamaServer(target, args.concurrency, args.threads, log_path) as server:
+        backend = LlamaBackend(server, settings, timeout=args.timeout)
+        _run_concurrent(backend.complete, args.concurrency, pending, record, "llama")
+
+
+def _run_concurrent(
+    complete: Callable, concurrency: int, pending: List[Dict[str, Any]], record: _Recorder, engine: str
+) -> None:
+    """One conversation per worker; rows are written from this thread as they finish.
+
+    An engine failure (``EngineError``) stops the run at once: rows already written stay, queued
+    ones are cancelled, and ``--resume`` continues without duplicating any.
+    """
+    from tqdm import tqdm
+
+    tokens = 0
+    with ThreadPoolExecutor(max_workers=concurrency) as pool, tqdm(
+        total=len(pending), desc=f"regenerate ({engine})", unit="conv"
     ) as progress:
-        futures = {pool.submit(regenerate_rows, [row], backend.complete): row for row in pending}
-        for future in as_completed(futures):  # one writer: results are written from this thread
-            record.result(futures[future], future.result()[0], progress.write)
-            progress.update(1)
+        futures = {pool.submit(regenerate_rows, [row], complete): row for row in pending}
+        try:
+            for future in as_completed(futures):
+                result = future.result()[0]
+                record.result(futures[future], result, progress.write)
+                if not isinstance(result, TurnError):
+                    tokens += sum(int(turn["num_tokens"]) for turn in assistant_turns(result))
+                    progress.set_postfix(tok_s=f"{tokens / max(progress.format_dict['elapsed'], 1e-9):.0f}")
+                progress.update(1)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def _first_prompt(row: Dict[str, Any]) -> List[Dict[str, str]]:
