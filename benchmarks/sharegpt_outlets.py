@@ -1,12 +1,19 @@
-"""OUTLETS on real ShareGPT prompts: regenerate with SmolLM2, capture, train, evaluate against the baselines.
+"""OUTLETS on the 2,978 ShareGPT prompts: a real SmolLM2 label set, then capture, train, evaluate.
 
-Reads ../shared/data/prompts/sharegpt_first_turn_2978.jsonl when present (never copied into the
-repo). The file is sorted longest prompt first: ``--sample first`` takes the first N prompts (the
-data issue's 64-prompt check; 1,100-2,400 tokens each, so capture and training need long
-sequences), ``--sample random`` a seeded random draw. Every step is an ``outlets`` command and
-resumes: regeneration appends, and a step whose output exists is skipped. Prints where the report is.
+Reads ../shared/data/prompts/sharegpt_first_turn_2978.jsonl (never copied into the repo). Stages,
+each resumable and skipped when its output exists:
 
-    python benchmarks/sharegpt_outlets.py --prompts 64 --sample first --output runs/bench-sharegpt64
+1. ``prepare``: every prompt, split 4:1 by a fixed seed;
+2. ``regenerate``: SmolLM2 answers each prompt with the llama backend (up to 2,048 new tokens; a
+   longer response is censored and never labelled), test split first; then ``NOISE_SEEDS`` more
+   samples of a fixed subset of ``--noise-prompts`` test prompts (the sampling-noise floor);
+3. ``pack``: the regenerated responses (ids, response token ids, finish reasons, lengths; no
+   prompt text) into ``benchmarks/data/sharegpt-smollm2/`` (committed, gzip). On a machine without
+   the regenerated files, stage 2 is replaced by unpacking them against the prompts in ../shared;
+4. ``capture``, ``train`` (recipes/smollm2-135m-cpu-outlets.yaml), ``export``, ``eval``.
+
+    python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt --until pack
+    python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt            # everything
 """
 
 from __future__ import annotations
@@ -14,15 +21,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import List, Sequence
 
 from specforge_outlets.cli import main as outlets
+from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
 
-PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts",
-                       "sharegpt_first_turn_2978.jsonl")
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
+RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
+PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
+# Seeds of the extra samples of the noise subset; the main run samples with seed 0.
+NOISE_SEEDS = (1, 2, 3)
+STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval")
 
 
-def step(done_marker: str, argv) -> None:
+def step(done_marker: str, argv: Sequence[object]) -> None:
     """Run one ``outlets`` command unless its output already exists."""
     if os.path.exists(done_marker):
         print(f"skip (exists): {done_marker}")
@@ -32,44 +45,80 @@ def step(done_marker: str, argv) -> None:
         raise SystemExit(f"`outlets {argv[0]}` failed with exit status {code}")
 
 
+def regenerate(args: argparse.Namespace, source: str, output: str, seed: int) -> None:
+    step(output.replace(".jsonl", ".summary.json"),
+         ["regenerate", "--backend", "llama", "--target", args.target, "--resume", "--input", source,
+          "--output", output, "--max-new-tokens", args.max_new_tokens, "--max-response-tokens", args.max_new_tokens,
+          "--concurrency", args.concurrency, "--threads", args.threads, "--seed", seed])  # fmt: skip
+
+
+def regen_files() -> List[str]:
+    return ["test.jsonl", "train.jsonl", *(f"noise-seed{seed}.jsonl" for seed in NOISE_SEEDS)]
+
+
 def run() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--sample", choices=("first", "random"), default="first")
-    parser.add_argument("--max-new-tokens", type=int, default=384)
-    parser.add_argument("--max-length", type=int, default=3072, help="training sequence length (prompt + response)")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--prompts", type=int, help="a seeded random subset (default: all 2,978)")
+    parser.add_argument("--noise-prompts", type=int, default=240, help="test prompts sampled NOISE_SEEDS more times")
+    parser.add_argument("--max-new-tokens", type=int, default=2048)
+    parser.add_argument("--concurrency", type=int, default=16, help="llama-server slots")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="llama-server threads (1 when other work shares the cores: docs/data.md)")
+    parser.add_argument("--max-length", type=int, default=4096, help="capture and training sequence length")
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--output", default="runs/bench-sharegpt64")
+    parser.add_argument("--output", default="runs/bench-sharegpt")
+    parser.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     args = parser.parse_args()
     if not os.path.isfile(PROMPTS):
         print(f"no ShareGPT prompts at {os.path.abspath(PROMPTS)}; nothing to benchmark", file=sys.stderr)
         return 1
     out = os.path.abspath(args.output)
     data, regen, features = (os.path.join(out, name) for name in ("data", "regen", "features"))
-    step(os.path.join(data, "summary.json"),
-         ["prepare", "--dataset", "jsonl", "--path", os.path.abspath(PROMPTS), "--output", data,
-          "--max-samples", args.prompts, "--sample", args.sample])
+    last = STAGES.index(args.until)
+
+    prepare = ["prepare", "--dataset", "jsonl", "--path", os.path.abspath(PROMPTS), "--output", data]
+    if args.prompts:
+        prepare += ["--max-samples", args.prompts, "--sample", "random"]
+    step(os.path.join(data, "summary.json"), prepare)
+    noise_input = os.path.join(data, "noise.jsonl")
+    if not os.path.exists(noise_input):
+        sample_noise_prompts(os.path.join(data, "test.jsonl"), noise_input, args.noise_prompts)
+    if last < STAGES.index("regenerate"):
+        return 0
+
+    have_regen = all(os.path.exists(os.path.join(regen, name.replace(".jsonl", ".summary.json")))
+                     for name in regen_files())
+    if not have_regen and os.path.exists(os.path.join(PACKED, "summary.json")):
+        unpack_label_set(PACKED, data, regen, args.target)
+    else:
+        regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
+        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
+        for seed in NOISE_SEEDS:
+            regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
+    if last < STAGES.index("pack"):
+        return 0
+    pack_label_set(regen, regen_files(), PACKED)
+    if last < STAGES.index("capture"):
+        return 0
+
     for split in ("train", "test"):
-        outlets_argv = ["regenerate", "--backend", "hf", "--target", args.target, "--resume", "--batch-size", 8,
-                        "--input", os.path.join(data, f"{split}.jsonl"), "--output", os.path.join(regen, f"{split}.jsonl"),
-                        "--max-new-tokens", args.max_new_tokens]
-        step(os.path.join(regen, f"{split}.summary.json"), outlets_argv)
         step(os.path.join(features, split, "manifest.json"),
              ["capture", "--target", args.target, "--input", os.path.join(regen, f"{split}.jsonl"),
-              "--output", os.path.join(features, split), "--max-length", 8192])
+              "--output", os.path.join(features, split), "--max-length", args.max_length])  # fmt: skip
+    if last < STAGES.index("train"):
+        return 0
     train, draft = os.path.join(out, "train"), os.path.join(out, "draft")
-    if not os.path.exists(os.path.join(draft, "config.json")):  # an interrupted run resumes from its checkpoint
-        step(os.path.join(draft, "config.json"),
-             ["train", "--config", RECIPE, f"model.target_model_path={args.target}",
-              f"data.hidden_states_path={os.path.join(features, 'train')}", f"data.max_length={args.max_length}",
-              f"output_dir={train}", f"tracking.wandb_dir={train}", f"training.num_epochs={args.epochs}",
-              "training.batch_size=1"])
+    step(os.path.join(draft, "config.json"),
+         ["train", "--config", RECIPE, f"model.target_model_path={args.target}",
+          f"data.hidden_states_path={os.path.join(features, 'train')}", f"data.max_length={args.max_length}",
+          f"output_dir={train}", f"tracking.wandb_dir={train}"])  # fmt: skip
     step(os.path.join(draft, "config.json"), ["export", "--checkpoint", train, "--output", draft])
+    if last < STAGES.index("eval"):
+        return 0
     report = os.path.join(out, "report")
     step(os.path.join(report, "report.json"),
          ["eval", "--draft", draft, "--features", os.path.join(features, "test"),
-          "--train-features", os.path.join(features, "train"), "--target", args.target, "--output", report])
+          "--train-features", os.path.join(features, "train"), "--target", args.target, "--output", report])  # fmt: skip
     print(f"report: {os.path.join(report, 'report.md')}")
     return 0
 

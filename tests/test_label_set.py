@@ -1,0 +1,86 @@
+"""The packed label set: responses without prompts, joined back to the prompts they answer."""
+
+import json
+
+import pytest
+
+from specforge_outlets.data.label_set import pack_label_set, read_packed, sample_noise_prompts, unpack_label_set
+from specforge_outlets.errors import OutletsError
+from tests.data_fixtures import END_ID, make_chat_target, read_jsonl, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_chat_target(str(tmp_path_factory.mktemp("target")))
+
+
+def _regenerated(tokenizer, prompt_rows, seed):
+    rows = []
+    for index, row in enumerate(prompt_rows):
+        ids = [5 + (index + seed) % 7, 9, 11][: 1 + index % 3]
+        censored = index % 4 == 3
+        token_ids = ids if censored else ids + [END_ID]
+        turn = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
+                "num_tokens": len(token_ids), "finish_reason": "length" if censored else "stop",
+                "token_ids": token_ids}
+        rows.append({"id": row["id"], "conversations": [*row["conversations"], turn]})
+    return rows
+
+
+def test_pack_then_unpack_gives_the_regenerated_rows_back(target, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    data, regen, packed, restored = (tmp_path / name for name in ("data", "regen", "packed", "restored"))
+    for folder in (data, regen):
+        folder.mkdir()
+    prompts = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"question {i}"}]} for i in range(8)]
+    write_jsonl(data / "test.jsonl", prompts)
+    sample_noise_prompts(str(data / "test.jsonl"), str(data / "noise.jsonl"), 3)
+    noise = read_jsonl(data / "noise.jsonl")
+    assert len(noise) == 3 and [r["id"] for r in noise] == sorted(r["id"] for r in noise)
+    regenerated = {"test": _regenerated(tokenizer, prompts, 0), "noise-seed1": _regenerated(tokenizer, noise, 1)}
+    for stem, rows in regenerated.items():
+        write_jsonl(regen / f"{stem}.jsonl", [r for r in rows if r["conversations"][-1]["finish_reason"] == "stop"])
+        write_jsonl(regen / f"{stem}.filtered.jsonl",
+                    [{**r, "filtered": "turn 1 response is longer than 3 tokens"}
+                     for r in rows if r["conversations"][-1]["finish_reason"] == "length"])
+        (regen / f"{stem}.summary.json").write_text(json.dumps({"kept": 1}))
+    pack_label_set(str(regen), ["test.jsonl", "noise-seed1.jsonl"], str(packed))
+    packed_rows = read_packed(str(packed / "test.jsonl.gz"))
+    assert len(packed_rows) == 8 and "content" not in json.dumps(packed_rows)  # no text, prompt or response
+    unpack_label_set(str(packed), str(data), str(restored), target)
+    for stem in regenerated:
+        for suffix in (".jsonl", ".filtered.jsonl"):
+            original = sorted(read_jsonl(regen / f"{stem}{suffix}"), key=lambda r: r["id"])
+            assert read_jsonl(restored / f"{stem}{suffix}") == original
+    assert json.loads((restored / "test.summary.json").read_text())["unpacked_from"] == str(packed)
+
+
+def test_unpack_refuses_labels_for_other_prompts(target, tmp_path):
+    data, packed = tmp_path / "data", tmp_path / "packed"
+    data.mkdir()
+    regen = tmp_path / "regen"
+    regen.mkdir()
+    prompts = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+    turn = {"role": "assistant", "content": "x", "num_tokens": 1, "finish_reason": "stop", "token_ids": [END_ID]}
+    write_jsonl(regen / "test.jsonl", [{"id": r["id"], "conversations": [*r["conversations"], turn]} for r in prompts])
+    (regen / "test.summary.json").write_text("{}")
+    pack_label_set(str(regen), ["test.jsonl"], str(packed))
+    prompts[1]["conversations"][0]["content"] = "another question"
+    write_jsonl(data / "test.jsonl", prompts)
+    with pytest.raises(OutletsError, match="id p1 has a different prompt in"):
+        unpack_label_set(str(packed), str(data), str(tmp_path / "out"), target)
+    write_jsonl(data / "test.jsonl", prompts[:1])
+    with pytest.raises(OutletsError, match="id p1 is not in"):
+        unpack_label_set(str(packed), str(data), str(tmp_path / "out"), target)
+    assert not (tmp_path / "out" / "test.jsonl").exists()  # nothing half-written
+
+
+def test_pack_refuses_rows_without_token_ids(tmp_path):
+    write_jsonl(tmp_path / "test.jsonl", [{"id": "a", "conversations": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "x", "num_tokens": 1,
+                                           "finish_reason": "stop"}]}])
+    (tmp_path / "test.summary.json").write_text("{}")
+    with pytest.raises(OutletsError, match="row a: assistant turn 1 has no token_ids"):
+        pack_label_set(str(tmp_path), ["test.jsonl"], str(tmp_path / "packed"))
