@@ -35,9 +35,8 @@ def make_step(target_dir, **settings):
     draft = make_draft(target_dir, **settings)
     model = OutletsEagle3Model(draft_model=draft, length=TTT, attention_backend="sdpa")
     head = TargetHead.from_pretrained(target_dir).float()
-    strategy = OutletsTrainStrategy(
-        model, target_head=head, length_loss_weight=1.0, length_l2_weight=1e-3, sd_loss_weight=1.0
-    )
+    options = {**OutletsSettings(**settings).objective_options(), "length_loss_weight": 1.0, "length_l2_weight": 1e-3}
+    strategy = OutletsTrainStrategy(model, target_head=head, **options)
     return draft, model, strategy
 
 
@@ -92,8 +91,8 @@ def test_lp_only_ablation_drops_drafting_loss(tiny_target):
     draft = make_draft(tiny_target)
     model = OutletsEagle3Model(draft_model=draft, length=TTT, attention_backend="sdpa")
     head = TargetHead.from_pretrained(tiny_target).float()
-    strategy = OutletsTrainStrategy(model, target_head=head, length_loss_weight=0.1,
-                                    length_l2_weight=0.0, sd_loss_weight=0.0)
+    options = {**OutletsSettings().objective_options(), "length_l2_weight": 0.0, "sd_loss_weight": 0.0}
+    strategy = OutletsTrainStrategy(model, target_head=head, **options)
     out = strategy.forward_loss(make_batch())
     assert torch.allclose(out.loss.detach(), 0.1 * out.metrics["length_loss"])
 
@@ -162,3 +161,55 @@ def test_offline_reader_path_casts_states_and_pads_labels():
     assert samples[0]["hidden_state"].dtype == samples[0]["target"].dtype == torch.float32
     batch = build_offline_collator()(samples)
     assert batch["remaining_length"].tolist() == [[8, 7, 6, 5, 4, 3], [4, 3, 2, 1, -1, -1]]
+
+
+def test_per_response_weights_each_response_once_plus_its_static_position():
+    """Two responses (L = 4 and L = 2) after the step-0 shift: the static position, labelled L, is
+    the last prompt position, where ``outlets eval`` reads r_hat_0 (``Request.prompt_end``)."""
+    from specforge_outlets.data.labels import remaining_length_labels, shift_left
+    from specforge_outlets.training.objective import LengthWeighting
+
+    loss_mask = torch.tensor([0, 0, 1, 1, 1, 1, 0, 1, 1])
+    labels = shift_left(remaining_length_labels(loss_mask)[None], 1)
+    assert labels.tolist() == [[-1, 4, 3, 2, 1, -1, 2, 1, -1]]
+    prompt_ends = [1, 6]  # start - 1 of each response
+    weights = LengthWeighting("per_response", static_weight=1.0, ttt_decay=0.5).position_weights(labels)
+    assert torch.allclose(weights, torch.tensor([[0, 1.25, 0.25, 0.25, 0.25, 0, 1.5, 0.5, 0]]))
+    assert weights[0, prompt_ends].tolist() == [1.25, 1.5]
+    pooled = LengthWeighting("pooled", static_weight=0.5, ttt_decay=0.5).position_weights(labels, step=1)
+    assert torch.allclose(pooled, 0.5 * torch.tensor([[0, 3.0, 1, 1, 1, 0, 2.0, 1, 0]]))  # static: +0.5 * L
+
+
+def test_constant_fit_is_the_weighted_mean_target_and_starts_the_head_there():
+    from specforge_outlets.model.length_head import LengthHead
+    from specforge_outlets.training.objective import LengthWeighting, constant_fit
+
+    labels = [torch.tensor([-1, 2, 1]), torch.tensor([-1, 1])]  # responses of 2 and 1 tokens
+    pooled = constant_fit(labels, None, LengthWeighting("pooled", 0.0, 1.0))
+    assert torch.allclose(pooled, torch.log1p(torch.tensor([2.0, 1, 1])).mean().reshape(1))
+    per_response = constant_fit(labels, None, LengthWeighting("per_response", 0.0, 1.0))
+    expected = (0.5 * torch.log1p(torch.tensor(2.0)) + 0.5 * torch.log1p(torch.tensor(1.0)) + torch.log1p(torch.tensor(1.0))) / 2
+    assert torch.allclose(per_response, expected.reshape(1))
+    head = LengthHead((8, 4))
+    head.init_output_bias(per_response)
+    assert torch.allclose(head.mlp[-1].bias, expected)
+    buckets = constant_fit(labels, (2,), LengthWeighting("pooled", 0.0, 1.0))  # [0, 2): two positions, [2, 4): one
+    assert torch.allclose(buckets.exp(), torch.tensor([2 / 3, 1 / 3]))
+
+
+def test_length_head_gets_its_own_learning_rate_group(tiny_target):
+    from specforge.optimizer import BF16Optimizer
+
+    from specforge_outlets.training.head_lr import head_parameter_group
+
+    _, model, _ = make_step(tiny_target)
+    optimizer = BF16Optimizer(model, lr=1e-3, total_steps=10, warmup_ratio=0.0)
+    head_parameter_group(optimizer, model, 10.0, total_steps=10, warmup_steps=0)
+    rest, head = optimizer.optimizer.param_groups
+    assert len(head["params"]) == len(list(model.draft_model.length_head.parameters()))
+    assert len(rest["params"]) + len(head["params"]) == len(optimizer.fp32_params)
+    unsplit = BF16Optimizer(model, lr=1e-3, total_steps=10, warmup_ratio=0.0).optimizer.param_groups[0]["lr"]
+    assert (rest["lr"], head["lr"]) == pytest.approx((unsplit, 10 * unsplit))
+    for _ in range(5):  # one schedule scales both groups
+        optimizer.scheduler.step()
+        assert head["lr"] / rest["lr"] == pytest.approx(10.0)

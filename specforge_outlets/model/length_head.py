@@ -31,6 +31,12 @@ class LengthHead(nn.Module):
                 "bucket_log_centers", bucket_log_centers(bucket_edges), persistent=False
             )
 
+    @torch.no_grad()
+    def init_output_bias(self, bias: torch.Tensor) -> None:
+        """Start the head at a constant prediction (``training.objective.constant_fit``)."""
+        output = self.mlp[-1]
+        output.bias.copy_(bias.to(output.bias))
+
     def forward(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, out]
         return self.mlp(state)
 

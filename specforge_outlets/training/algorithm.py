@@ -66,11 +66,43 @@ def apply_outlets_draft_config(cfg, draft_config, *, settings: OutletsSettings) 
     draft_config.eagle_config = eagle_config
 
 
-def build_training_model(cfg, draft_model, draft_config, target_config, tokenizer):
+def training_labels(hidden_states_path: str, max_len: int):
+    """The step-0 length labels of every training file, as the reader and normaliser cut them."""
+    from specforge.runtime.data_plane.feature_store import load_feature_file
+    from specforge.runtime.data_plane.offline_reader import list_feature_files
+
+    from specforge_outlets.data.labels import shift_left
+
+    for path in list_feature_files(hidden_states_path):  # memory-mapped: only the labels are read
+        yield shift_left(load_feature_file(path)[LENGTH_KEY][:max_len], 1)
+
+
+def init_length_bias(cfg, draft_model, settings: OutletsSettings) -> None:
+    """``length_bias_init: mean``: start the head at the best constant fit of the training labels.
+
+    A resumed or warm-started run brings its own head, so it is left alone there.
+    """
+    from specforge_outlets.training.objective import LengthWeighting, constant_fit
+
+    if settings.length_bias_init == "zero" or cfg.training.resume_from or cfg.model.draft_checkpoint_path:
+        return
+    try:
+        bias = constant_fit(
+            training_labels(cfg.data.hidden_states_path, cfg.data.max_length),
+            draft_model.outlets.bucket_edges,
+            LengthWeighting.from_settings(settings),
+        )
+    except ValueError as exc:
+        raise OutletsError(f"data.hidden_states_path={cfg.data.hidden_states_path}: {exc}") from None
+    draft_model.length_head.init_output_bias(bias)
+
+
+def build_training_model(cfg, draft_model, draft_config, target_config, tokenizer, *, settings: OutletsSettings):
     """EAGLE-3's training model and target head, with the OUTLETS TTT forward.
 
     SpecForge builds the frozen target head in bfloat16 whatever ``model.torch_dtype`` says; it is
-    cast to the run's dtype so float32 runs (CPUs without native bfloat16) type-check.
+    cast to the run's dtype so float32 runs (CPUs without native bfloat16) type-check. The length
+    head's output bias is set here, before training, from the training labels (``init_length_bias``).
     """
     import torch
     from specforge.algorithms.model_providers import build_eagle3_model
@@ -79,6 +111,7 @@ def build_training_model(cfg, draft_model, draft_config, target_config, tokenize
     from specforge_outlets.training.model import OutletsEagle3Model
 
     install_cpu_loss()
+    init_length_bias(cfg, draft_model, settings)
     parts = build_eagle3_model(cfg, draft_model, draft_config, target_config, tokenizer)
     base = parts.model
     parts.model = OutletsEagle3Model(
@@ -201,7 +234,7 @@ def create_registration(settings: OutletsSettings, torch_dtype: str) -> Algorith
                 compatible_architectures=frozenset({DRAFT_ARCHITECTURE}),
                 apply_overrides=partial(apply_outlets_draft_config, settings=settings),
             ),
-            build_training_model=build_training_model,
+            build_training_model=partial(build_training_model, settings=settings),
         ),
         offline=tuple(
             replace(

@@ -1,30 +1,89 @@
 """The OUTLETS objective: L = w_sd * L_SD + lambda * L_len + gamma * ||theta_len||^2.
 
 L_SD is SpecForge's EAGLE-3 loss, unchanged. L_len is fitted on z = log(1 + remaining tokens) at
-every labelled position of every training-time-test step, pooled: the mean squared error in log
-space for the regression head, cross-entropy over length buckets for the bucket ablation.
+the labelled positions of the training-time-test steps: the mean squared error in log space for the
+regression head, cross-entropy over length buckets for the bucket ablation. Both are a *weighted*
+mean over positions, the weights set by :class:`LengthWeighting`.
+
+Why the weights matter: a response of L tokens has L labelled positions but only one static one
+(the state before its first token, whose prediction r_hat_0 orders the queue). Pooled over every
+position of every step (``pooled``, uniform TTT weights), long responses dominate and the constant
+that minimises the pool for r_hat_0 sits near mean(L)/e whatever the prompt says; the head then
+learns to track the countdown within a response and ignores the prompt. ``per_response`` makes
+each response count once, whatever its length, and ``static_weight`` adds weight where r_hat_0 is
+read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.model.length_head import LengthHead, bucket_index, log_remaining_to_tokens
+from specforge_outlets.training.settings import WEIGHTINGS, OutletsSettings
+
+
+@dataclass(frozen=True)
+class LengthWeighting:
+    """How much each labelled position of each TTT step counts in L_len.
+
+    ``per_response``: each position of a response weighs 1/n (n its labelled positions in the
+    step), so every response sums to 1; ``pooled``: every position weighs 1 (a response weighs n).
+    ``static_weight`` adds that many times its response's total weight on the response's static
+    position: its first labelled position, where the label is the full length L. At TTT step 0
+    that is the state at the last prompt position, the one ``outlets eval`` and serving read as
+    r_hat_0 (``evaluation/requests.py``: ``prompt_end = start - 1``; labels there are
+    ``shift_left(remaining_length, 1)``). Step k is weighted ``ttt_decay ** k``: 1 weighs the
+    steps alike, 0 keeps only step 0, the step r_hat_0 and the dynamic predictions come from.
+    """
+
+    weighting: str  # training.settings.WEIGHTINGS
+    static_weight: float
+    ttt_decay: float
+
+    def __post_init__(self) -> None:
+        assert self.weighting in WEIGHTINGS, self.weighting
+        assert self.static_weight >= 0 and 0 <= self.ttt_decay <= 1, self
+
+    @classmethod
+    def from_settings(cls, settings: OutletsSettings) -> "LengthWeighting":
+        return cls(settings.length_weighting, settings.length_static_weight, settings.length_ttt_decay)
+
+    def position_weights(self, labels: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """[B, T] labels of one TTT step -> [B, T] float weights, 0 where there is no label."""
+        labelled, starts, size = response_positions(labels)
+        per_position = 1.0 / size if self.weighting == "per_response" else torch.ones_like(size)
+        response_total = per_position * size  # 1 (per_response) or n (pooled)
+        weights = per_position + self.static_weight * response_total * starts
+        return torch.where(labelled, weights, torch.zeros_like(weights)) * self.ttt_decay**step
+
+
+def response_positions(labels: torch.Tensor):
+    """(labelled, static, n) for [B, T] labels: the static position is each response's first
+    labelled one (its labels count down by one from L), n the response's labelled positions, as
+    float at every position of the response."""
+    labelled = labels != NO_LABEL
+    previous = F.pad(labels[..., :-1], (1, 0), value=NO_LABEL)
+    starts = labelled & (previous != labels + 1)
+    segment = (torch.cumsum(starts.flatten(), 0) - 1).view_as(labels).clamp_min(0)
+    size = torch.bincount(segment[labelled], minlength=int(segment.max()) + 1)[segment].float()
+    return labelled, starts, size
 
 
 @dataclass(frozen=True)
 class LengthFit:
-    """The length term of one batch and the sums behind its metrics (pooled over TTT steps)."""
+    """The length term of one batch and the sums behind its metrics (unweighted, over TTT steps)."""
 
     loss: torch.Tensor  # scalar, differentiable
     squared_error_sum: torch.Tensor  # of z, in log space
     abs_error_tokens_sum: torch.Tensor
     count: torch.Tensor
+    static_abs_error_tokens_sum: torch.Tensor  # |r_hat_0 - L| at step 0, the static prediction
+    static_count: torch.Tensor
 
 
 def fit_length(
@@ -32,23 +91,61 @@ def fit_length(
     raw_outputs: Sequence[torch.Tensor],  # per TTT step: [B, T, out]
     labels: Sequence[torch.Tensor],  # per TTT step: [B, T] remaining tokens, NO_LABEL = unlabelled
     bucket_edges: Sequence[int] | None,
+    weighting: LengthWeighting,
 ) -> LengthFit:
-    raw = torch.cat([r[l != NO_LABEL] for r, l in zip(raw_outputs, labels)])  # [N, out]
-    remaining = torch.cat([l[l != NO_LABEL] for l in labels])  # [N]
+    masks = [l != NO_LABEL for l in labels]
+    raw = torch.cat([r[m] for r, m in zip(raw_outputs, masks)])  # [N, out]
+    remaining = torch.cat([l[m] for l, m in zip(labels, masks)])  # [N]
+    weights = torch.cat([weighting.position_weights(l, k)[m] for k, (l, m) in enumerate(zip(labels, masks))])
+    static = torch.cat([response_positions(l)[1][m] & (k == 0) for k, (l, m) in enumerate(zip(labels, masks))])
     count = remaining.new_tensor(remaining.numel(), dtype=torch.float32)
     z_true = torch.log1p(remaining.float())
     z_pred = head.log_remaining(raw).float()
-    if remaining.numel() == 0:  # a batch of prompts only: no length signal, keep the graph
+    if remaining.numel() == 0 or weights.sum() == 0:  # no length signal in this batch: keep the graph
         zero = raw.sum() * 0.0
-        return LengthFit(zero, zero.detach(), zero.detach(), count)
+        return LengthFit(zero, zero.detach(), zero.detach(), count, zero.detach(), zero.detach())
     if bucket_edges is None:
-        loss = F.mse_loss(z_pred, z_true)
+        per_position = (z_pred - z_true) ** 2
     else:
-        loss = F.cross_entropy(raw.float(), bucket_index(remaining, bucket_edges))
+        per_position = F.cross_entropy(raw.float(), bucket_index(remaining, bucket_edges), reduction="none")
+    loss = (weights * per_position).sum() / weights.sum()
     with torch.no_grad():
-        squared = ((z_pred - z_true) ** 2).sum()
-        abs_tokens = (log_remaining_to_tokens(z_pred) - remaining.float()).abs().sum()
-    return LengthFit(loss, squared, abs_tokens, count)
+        abs_tokens = (log_remaining_to_tokens(z_pred) - remaining.float()).abs()
+        return LengthFit(
+            loss,
+            ((z_pred - z_true) ** 2).sum(),
+            abs_tokens.sum(),
+            count,
+            abs_tokens[static].sum(),
+            static.sum().float(),
+        )
+
+
+def constant_fit(labels: Iterable[torch.Tensor], bucket_edges: Sequence[int] | None,
+                 weighting: LengthWeighting) -> torch.Tensor:
+    """The output bias of the best constant predictor of L_len on these step-0 label tensors.
+
+    Regression: the weighted mean of z; buckets: the log of the weighted bucket frequencies. The
+    labels of later TTT steps are the same positions' labels shifted, so the TTT weights do not
+    change it. A head started here predicts the mean target instead of z = 0 (one token) against
+    targets of z = 4-6, and spends its steps on what the prompt says rather than on the offset.
+    """
+    z_sum, weight_sum, bucket_sums = 0.0, 0.0, None
+    for step_labels in labels:
+        step_labels = step_labels.reshape(1, -1)
+        weights = weighting.position_weights(step_labels).double()
+        mask = step_labels != NO_LABEL
+        weights, remaining = weights[mask], step_labels[mask]
+        z_sum += float((weights * torch.log1p(remaining.double())).sum())
+        weight_sum += float(weights.sum())
+        if bucket_edges is not None:
+            counts = torch.bincount(bucket_index(remaining, bucket_edges), weights, len(bucket_edges) + 1)
+            bucket_sums = counts if bucket_sums is None else bucket_sums + counts
+    if weight_sum == 0:
+        raise ValueError("no labelled position in the training data")
+    if bucket_edges is None:
+        return torch.tensor([z_sum / weight_sum])
+    return torch.log((bucket_sums / weight_sum).clamp_min(1e-4)).float()
 
 
 def l2_penalty(head: LengthHead) -> torch.Tensor:

@@ -14,12 +14,22 @@ from specforge_outlets.model.draft_config import HEAD_INPUTS, OutletsDraftConfig
 from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
 
 HEAD_TYPES = ("regression", "buckets")
+BIAS_INITS = ("mean", "zero")
+WEIGHTINGS = ("per_response", "pooled")  # see training.objective.LengthWeighting
+NUMBERS = ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight", "length_ttt_decay",
+           "length_head_lr_scale")
 DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by head_type: buckets
 
 
 @dataclass(frozen=True)
 class OutletsSettings:
-    """L = sd_loss_weight * L_SD + length_loss_weight * L_len + length_l2_weight * ||theta_len||^2."""
+    """L = sd_loss_weight * L_SD + length_loss_weight * L_len + length_l2_weight * ||theta_len||^2.
+
+    The ``length_*`` training settings make the head learn from the prompt (issue 12): with the
+    pooled weighting and a zero bias it predicted about the same length for every request. The
+    old set-up is ``length_weighting: pooled, length_static_weight: 0, length_ttt_decay: 1,
+    length_bias_init: zero, length_head_lr_scale: 1``; docs/training.md has the measured difference.
+    """
 
     length_loss_weight: float = 0.1  # lambda; 0 is the SD-only ablation
     length_l2_weight: float = 1e-5  # gamma, L2 over the length MLP only
@@ -30,9 +40,16 @@ class OutletsSettings:
     head_widths: Optional[Tuple[int, ...]] = None  # None: (H, H/2, H/4)
     bucket_edges: Tuple[int, ...] = DEFAULT_BUCKET_EDGES
     fusion_layers: Optional[Tuple[int, int, int]] = None  # None: (2, N/2, N-2), hidden_states indices
+    # how L_len weighs positions (training.objective.LengthWeighting): each response counts once,
+    # its static position (r_hat_0) once more, TTT step k by length_ttt_decay ** k
+    length_weighting: str = "per_response"  # "pooled": every labelled position alike (the old loss)
+    length_static_weight: float = 1.0
+    length_ttt_decay: float = 0.5  # 1: steps alike (the old loss); 0: step 0 only
+    length_bias_init: str = "mean"  # output bias = best constant fit of the training labels; "zero": none
+    length_head_lr_scale: float = 10.0  # the head's learning rate over training.learning_rate (1: the old)
 
     def __post_init__(self) -> None:
-        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight"):
+        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight"):
             if getattr(self, name) < 0:
                 raise OutletsError(f"outlets.{name} must be >= 0, got {getattr(self, name)}")
         if self.length_loss_weight == 0 and self.sd_loss_weight == 0:
@@ -41,6 +58,14 @@ class OutletsSettings:
             raise OutletsError(f"outlets.head_input must be one of {HEAD_INPUTS}, got {self.head_input!r}")
         if self.head_type not in HEAD_TYPES:
             raise OutletsError(f"outlets.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.length_weighting not in WEIGHTINGS:
+            raise OutletsError(f"outlets.length_weighting must be one of {WEIGHTINGS}, got {self.length_weighting!r}")
+        if self.length_head_lr_scale <= 0:
+            raise OutletsError(f"outlets.length_head_lr_scale must be > 0, got {self.length_head_lr_scale}")
+        if not 0 <= self.length_ttt_decay <= 1:
+            raise OutletsError(f"outlets.length_ttt_decay must be in [0, 1], got {self.length_ttt_decay}")
+        if self.length_bias_init not in BIAS_INITS:
+            raise OutletsError(f"outlets.length_bias_init must be one of {BIAS_INITS}, got {self.length_bias_init!r}")
         edges = list(self.bucket_edges)
         if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
             raise OutletsError(f"outlets.bucket_edges must be increasing positive token counts, got {edges}")
@@ -55,7 +80,7 @@ class OutletsSettings:
         for name in ("head_widths", "bucket_edges", "fusion_layers"):
             if raw.get(name) is not None:
                 raw[name] = tuple(int(v) for v in raw[name])
-        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight"):
+        for name in NUMBERS:
             if name in raw:
                 try:
                     raw[name] = float(raw[name])
@@ -86,10 +111,13 @@ class OutletsSettings:
             bucket_edges=tuple(self.bucket_edges) if self.head_type == "buckets" else None,
         )
 
-    def objective_options(self) -> Dict[str, float]:
+    def objective_options(self) -> Dict[str, Any]:
         """The settings the training step needs (recorded in SpecForge's resume contract)."""
         return {
             "length_loss_weight": self.length_loss_weight,
             "length_l2_weight": self.length_l2_weight,
             "sd_loss_weight": self.sd_loss_weight,
+            "length_weighting": self.length_weighting,
+            "length_static_weight": self.length_static_weight,
+            "length_ttt_decay": self.length_ttt_decay,
         }

@@ -16,7 +16,7 @@ from specforge.training.strategies.base import Eagle3TrainStrategy, StepContext,
 
 from specforge_outlets.data.features import LENGTH_KEY
 from specforge_outlets.training.model import LengthOutputs
-from specforge_outlets.training.objective import fit_length, total_loss
+from specforge_outlets.training.objective import LengthWeighting, fit_length, total_loss
 
 
 class LabelledCall:
@@ -53,12 +53,16 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         length_loss_weight: float,
         length_l2_weight: float,
         sd_loss_weight: float,
+        length_weighting: str,
+        length_static_weight: float,
+        length_ttt_decay: float,
         **eagle3_options,
     ) -> None:
         super().__init__(eagle3_model, **eagle3_options)
         self.length_loss_weight = length_loss_weight
         self.length_l2_weight = length_l2_weight
         self.sd_loss_weight = sd_loss_weight
+        self.weighting = LengthWeighting(length_weighting, length_static_weight, length_ttt_decay)
 
     def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
         model = self.eagle3_model
@@ -70,7 +74,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
             self.eagle3_model = model
         outputs = call.length_outputs
         draft = unwrap(model).draft_model
-        fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges)
+        fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges, self.weighting)
         loss = total_loss(
             drafting.loss,
             fit.loss,
@@ -92,5 +96,6 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
                 **drafting.ratio_metrics,
                 "length_mse": (fit.squared_error_sum, fit.count),
                 "length_mae_tokens": (fit.abs_error_tokens_sum, fit.count),
+                "length_static_mae_tokens": (fit.static_abs_error_tokens_sum, fit.static_count),
             },
         )

@@ -37,6 +37,7 @@ def run(args) -> int:
     from specforge.launch_plan import build_launch_plan, run_commands
 
     from specforge_outlets.training.algorithm import outlets_registry
+    from specforge_outlets.training.head_lr import install_length_head_lr
     from specforge_outlets.training.preflight import check_recipe
     from specforge_outlets.training.recipe import load_recipe
 
@@ -66,6 +67,7 @@ def run(args) -> int:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    install_length_head_lr(recipe.settings.length_head_lr_scale)
     role_config = _config_for_role(resolved.config, plan.role)
     try:
         with _worker_signal_unwind():
