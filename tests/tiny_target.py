@@ -42,15 +42,22 @@ def make_tiny_target(directory: str) -> str:
 
 
 @torch.no_grad()
-def make_features(target_dir: str, out_dir: str, *, count: int, seed: int, censor_every: int = 0) -> str:
-    """Conversations [prompt | response]; every ``censor_every``-th response is cut by the limit."""
+def make_features(target_dir: str, out_dir: str, *, count: int, seed: int, censor_every: int = 0,
+                  lengths=LENGTH_BY_FIRST_TOKEN) -> str:
+    """Conversations [prompt | response]; every ``censor_every``-th response is cut by the limit.
+
+    ``lengths`` maps a prompt's first token to its response length, or to an inclusive
+    ``(low, high)`` range drawn from uniformly.
+    """
     model = LlamaForCausalLM.from_pretrained(target_dir).eval()
     generator = torch.Generator().manual_seed(seed)
-    first_tokens = list(LENGTH_BY_FIRST_TOKEN)
+    first_tokens = list(lengths)
     for index in range(count):
         first = first_tokens[index % len(first_tokens)]
         prompt_len = int(torch.randint(3, 8, (1,), generator=generator))
-        response_len = LENGTH_BY_FIRST_TOKEN[first]
+        response_len = lengths[first]
+        if isinstance(response_len, tuple):
+            response_len = int(torch.randint(response_len[0], response_len[1] + 1, (1,), generator=generator))
         prompt = torch.cat([torch.tensor([first]), torch.randint(20, TINY_VOCAB, (prompt_len - 1,), generator=generator)])
         response = torch.randint(20, TINY_VOCAB, (response_len,), generator=generator)
         input_ids = torch.cat([prompt, response])
