@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.training.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,3 +46,18 @@ def test_the_target_alias_resolves_in_the_recipe_and_on_the_command_line(monkeyp
     assert recipe.config.model.target_model_path == str(other)
     recipe = load_recipe(cpu, [f"model.target_model_path={other}", "model.target_model_path=smollm2-135m"])
     assert recipe.config.model.target_model_path == str(converted)
+
+
+def test_cpu_recipe_trains_the_head_with_the_defaults_and_the_old_setup_stays_reachable():
+    from specforge_outlets.training.settings import OutletsSettings
+
+    cpu = os.path.join(ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
+    assert load_recipe(cpu).settings == OutletsSettings(length_loss_weight=0.1, length_l2_weight=1e-5,
+                                                        fusion_layers=(2, 15, 28))
+    old = load_recipe(cpu, ["outlets.length_weighting=pooled", "outlets.length_static_weight=0",
+                            "outlets.length_ttt_decay=1", "outlets.length_bias_init=zero",
+                            "outlets.length_head_lr_scale=1"]).settings
+    assert (old.length_weighting, old.length_static_weight, old.length_ttt_decay, old.length_bias_init,
+            old.length_head_lr_scale) == ("pooled", 0.0, 1.0, "zero", 1.0)
+    with pytest.raises(OutletsError, match="outlets.length_weighting"):
+        load_recipe(cpu, ["outlets.length_weighting=tokens"])
