@@ -40,6 +40,7 @@ def test_quick_demo_runs_every_stage_and_reuses_them(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline"}
     first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert "regenerating with the hf backend" in first.stdout  # a Hugging Face directory: not a GGUF target
     stages = os.listdir(tmp_path / "run" / "stages")
     assert sorted(name.rsplit("-", 1)[0] for name in stages) == [
         "capture", "eval", "prepare", "regenerate", "simulate", "train_outlets"]
