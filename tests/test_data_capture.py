@@ -163,3 +163,27 @@ def _spans(mask):
             spans.append((start, position))
             start = None
     return spans
+
+
+def test_generated_ids_are_used_as_they_are(tokenizer):
+    """With token_ids, each response is what the target generated, even where re-tokenising differs."""
+    def generated(text, finish="stop"):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([END_ID] if finish == "stop" else [])
+        return {**answer(text, finish=finish), "token_ids": ids}
+
+    conversation = [{"role": "system", "content": "Be brief."}, user("What is the capital?"), generated("Paris."),
+                    user("And of Italy?"), generated("Rome, the capital of Italy.")]
+    by_ids = tokenise_conversation(tokenizer, conversation, END_ID)
+    by_text = tokenise_conversation(tokenizer, [{k: v for k, v in t.items() if k != "token_ids"} for t in conversation],
+                                    END_ID)
+    # Same tokens where re-tokenising is stable (the text path also keeps the template's trailing newline).
+    assert by_ids.input_ids == by_text.input_ids[: len(by_ids.input_ids)]
+    assert by_ids.loss_mask == by_text.loss_mask[: len(by_ids.loss_mask)]
+    # A response whose ids are not what its text re-tokenises to: the ids win, and so does their count.
+    odd = [user("Hi"), {**generated("Hello world"), "token_ids": [7, 7, 7, END_ID]}]
+    tokens = tokenise_conversation(tokenizer, odd, END_ID)
+    assert [tokens.input_ids[s:e] for s, e in _spans(tokens.loss_mask)] == [[7, 7, 7, END_ID]]
+    cut = tokenise_conversation(tokenizer, [user("Hi"), {**generated("a b c", finish="length")}], END_ID)
+    assert cut.censored == [True] and cut.input_ids[-3:] == tokenizer("a b c", add_special_tokens=False)["input_ids"]
+    with pytest.raises(RowError, match="do not end with"):
+        tokenise_conversation(tokenizer, [user("Hi"), {**generated("x"), "token_ids": [7]}], END_ID)
