@@ -5,8 +5,8 @@ each resumable and skipped when its output exists:
 
 1. ``prepare``: every prompt, split 4:1 by a fixed seed;
 2. ``regenerate``: SmolLM2 answers each prompt with the llama backend (up to 2,048 new tokens; a
-   longer response is censored and never labelled), test split first; then ``NOISE_SEEDS`` more
-   samples of a fixed subset of ``--noise-prompts`` test prompts (the sampling-noise floor);
+   longer response is censored and never labelled): the test split, ``NOISE_SEEDS`` more samples
+   of a fixed subset of ``--noise-prompts`` test prompts (the sampling-noise floor), the train split;
 3. ``pack``: the regenerated responses (ids, response token ids, finish reasons, lengths; no
    prompt text) into ``benchmarks/data/sharegpt-smollm2/`` (committed, gzip). On a machine without
    the regenerated files, stage 2 is replaced by unpacking them against the prompts in ../shared;
@@ -19,17 +19,21 @@ each resumable and skipped when its output exists:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import List, Sequence
 
 from specforge_outlets.cli import main as outlets
+from specforge_outlets.data.jsonl import recover_jsonl
 from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
+from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
 RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
 PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
+FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.png")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
 NOISE_SEEDS = (1, 2, 3)
 STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval")
@@ -56,10 +60,29 @@ def regen_files() -> List[str]:
     return ["test.jsonl", "train.jsonl", *(f"noise-seed{seed}.jsonl" for seed in NOISE_SEEDS)]
 
 
+def write_label_stats(regen: str) -> None:
+    """Lengths and censoring per split, the sampling-noise floor: ``PACKED/label_stats.json`` and a figure."""
+    def rows(name: str):
+        return recover_jsonl(os.path.join(regen, name)) + recover_jsonl(
+            os.path.join(regen, name.replace(".jsonl", ".filtered.jsonl")))
+
+    splits = {name[: -len(".jsonl")]: rows(name) for name in regen_files()}
+    noise_ids = {str(row["id"]) for name, split in splits.items() if name.startswith("noise") for row in split}
+    noise_files = [[r for r in splits["test"] if str(r["id"]) in noise_ids]] + [
+        split for name, split in splits.items() if name.startswith("noise")]
+    samples = samples_by_prompt(noise_files)
+    stats = {"splits": {name: length_summary(first_turns(split)) for name, split in splits.items()},
+             "noise_floor": noise_floor(samples)}
+    with open(os.path.join(PACKED, "label_stats.json"), "w", encoding="utf-8") as handle:
+        json.dump(stats, handle, indent=2)
+    plot_lengths({**first_turns(splits["train"]), **first_turns(splits["test"])}, samples, FIGURE)
+    print(json.dumps(stats, indent=2))
+
+
 def run() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, help="a seeded random subset (default: all 2,978)")
-    parser.add_argument("--noise-prompts", type=int, default=240, help="test prompts sampled NOISE_SEEDS more times")
+    parser.add_argument("--noise-prompts", type=int, default=200, help="test prompts sampled NOISE_SEEDS more times")
     parser.add_argument("--max-new-tokens", type=int, default=2048)
     parser.add_argument("--concurrency", type=int, default=16, help="llama-server slots")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -92,12 +115,13 @@ def run() -> int:
         unpack_label_set(PACKED, data, regen, args.target)
     else:
         regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
-        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
         for seed in NOISE_SEEDS:
             regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
+        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
     if last < STAGES.index("pack"):
         return 0
     pack_label_set(regen, regen_files(), PACKED)
+    write_label_stats(regen)
     if last < STAGES.index("capture"):
         return 0
 

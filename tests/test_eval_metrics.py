@@ -114,3 +114,24 @@ def test_noise_floor_by_hand():
     floor = metrics.noise_floor_errors({"a": [10, 20, 60], "b": [5, 7], "c": [9]})
     assert floor == {"a": pytest.approx(30.0), "b": pytest.approx(2.0)}
     assert np.mean(list(floor.values())) == pytest.approx(16.0)
+
+
+def test_label_set_noise_floor_by_hand():
+    from specforge_outlets.evaluation.label_stats import length_summary, noise_floor, samples_by_prompt
+
+    def row(key, n, finish="stop"):
+        return {"id": key, "conversations": [{"role": "user", "content": "q"},
+                                             {"role": "assistant", "content": "a", "num_tokens": n,
+                                              "finish_reason": finish}]}
+
+    files = [[row("a", 10), row("b", 100)], [row("a", 20), row("b", 300)], [row("a", 30), row("b", 2048, "length")]]
+    samples = samples_by_prompt(files)
+    assert samples == {"a": [10.0, 20.0, 30.0], "b": [100.0, 300.0]}
+    floor = noise_floor(samples)
+    # a: |10-25| + |20-20| + |30-15| over 3 = 10; b: |100-300| and |300-100| = 200; mean over prompts 105.
+    assert floor["floor_mae"] == pytest.approx(105.0) and floor["prompts"] == 2 and floor["samples"] == 5
+    # global median of [10, 20, 30, 100, 300] = 30: a -> (20+10+0)/3 = 10, b -> (70+270)/2 = 170; mean 90.
+    assert floor["constant"] == 30 and floor["constant_mae"] == pytest.approx(90.0)
+    assert 0.5 < floor["between_prompt_share_of_log_variance"] < 1
+    summary = length_summary({"a": files[2][0]["conversations"][1], "b": files[2][1]["conversations"][1]})
+    assert (summary["finished"], summary["censored"], summary["censored_share"]) == (1, 1, 0.5)
