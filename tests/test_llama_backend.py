@@ -182,3 +182,36 @@ def test_real_server_that_dies_is_reported_with_its_log(smollm2, tmp_path):
         backend = LlamaBackend(server, SETTINGS, timeout=5)
         with pytest.raises(EngineError, match=r"exited with code -9; its log is .*engine\.log"):
             backend.complete_one([{"role": "user", "content": "hi"}])
+
+
+def test_server_dies_with_a_run_killed_by_a_signal(tmp_path):
+    """A run killed with SIGKILL (no cleanup) does not leave its llama-server behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from specforge_outlets.data.llama_backend import LlamaServer, load_gguf_target\n"
+        f"server = LlamaServer(load_gguf_target('smollm2-135m'), 1, 1, {str(tmp_path / 'engine.log')!r}).__enter__()\n"
+        "print(server.process.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server_pid = int(run.stdout.readline())
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap it if it became our zombie (it does not: its parent was the killed run)
+            os.waitpid(server_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"llama-server {server_pid} outlived its run")

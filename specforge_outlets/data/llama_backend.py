@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ class LlamaServer:
         ]  # fmt: skip
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w", encoding="utf-8")
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.time() + STARTUP_TIMEOUT_S
@@ -275,6 +276,16 @@ class LlamaBackend:
 def request_seed(seed: int, prompt: Sequence[int]) -> int:
     """A 31-bit seed from the run's seed and the prompt: same prompt and seed, same sample."""
     return zlib.crc32(f"{seed}:{','.join(map(str, prompt))}".encode()) & 0x7FFFFFFF
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the run dies, even by a signal that skips our cleanup."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:
