@@ -10,7 +10,10 @@ each resumable and skipped when its output exists:
 3. ``pack``: the regenerated responses (ids, response token ids, finish reasons, lengths; no
    prompt text) into ``benchmarks/data/sharegpt-smollm2/`` (committed, gzip). On a machine without
    the regenerated files, stage 2 is replaced by unpacking them against the prompts in ../shared;
-4. ``capture``, ``train`` (recipes/smollm2-135m-cpu-outlets.yaml), ``export``, ``eval``.
+4. ``capture``; ``train`` + ``export`` of the OUTLETS, SD-only and LP-only drafts
+   (recipes/smollm2-135m-cpu-outlets.yaml); ``eval`` with the noise samples, whose report and
+   per-request predictions are copied next to the packed label set (for the serving study);
+5. ``curve``: OUTLETS and the probes trained on nested subsets of ``--curve`` train responses.
 
     python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt --until pack
     python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt            # everything
@@ -21,10 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from typing import List, Sequence
 
 from specforge_outlets.cli import main as outlets
+from specforge_outlets.data.feature_subset import subset_features
 from specforge_outlets.data.jsonl import recover_jsonl
 from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
@@ -36,7 +41,10 @@ PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
 FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.png")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
 NOISE_SEEDS = (1, 2, 3)
-STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval")
+STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval", "curve")
+# The drafts trained on the full train split: OUTLETS and its two ablations (the method's lambda is
+# the recipe's; SD-only drops the length loss, LP-only the drafting loss).
+DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0",), "lp-only": ("outlets.sd_loss_weight=0",)}
 
 
 def step(done_marker: str, argv: Sequence[object]) -> None:
@@ -87,7 +95,11 @@ def run() -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="llama-server slots")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="llama-server threads (1 when other work shares the cores: docs/data.md)")
-    parser.add_argument("--max-length", type=int, default=4096, help="capture and training sequence length")
+    parser.add_argument("--max-length", type=int, default=4096, help="capture: longest conversation kept (tokens)")
+    parser.add_argument("--train-max-length", type=int, default=2048, help="training sequence length (tokens)")
+    parser.add_argument("--epochs", type=int, default=2, help="training epochs of every draft")
+    parser.add_argument("--curve", type=int, nargs="*", default=[250, 500, 1000],
+                        help="learning curve: train-split sizes (the full split is the main run)")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--output", default="runs/bench-sharegpt")
     parser.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
@@ -131,20 +143,47 @@ def run() -> int:
               "--output", os.path.join(features, split), "--max-length", args.max_length])  # fmt: skip
     if last < STAGES.index("train"):
         return 0
-    train, draft = os.path.join(out, "train"), os.path.join(out, "draft")
-    step(os.path.join(draft, "config.json"),
-         ["train", "--config", RECIPE, f"model.target_model_path={args.target}",
-          f"data.hidden_states_path={os.path.join(features, 'train')}", f"data.max_length={args.max_length}",
-          f"output_dir={train}", f"tracking.wandb_dir={train}"])  # fmt: skip
-    step(os.path.join(draft, "config.json"), ["export", "--checkpoint", train, "--output", draft])
+    train_features, test_features = os.path.join(features, "train"), os.path.join(features, "test")
+    drafts = {name: train_draft(args, out, name, train_features, overrides) for name, overrides in DRAFTS.items()}
     if last < STAGES.index("eval"):
         return 0
-    report = os.path.join(out, "report")
-    step(os.path.join(report, "report.json"),
-         ["eval", "--draft", draft, "--features", os.path.join(features, "test"),
-          "--train-features", os.path.join(features, "train"), "--target", args.target, "--output", report])  # fmt: skip
+    noise = [os.path.join(regen, f"noise-seed{seed}.jsonl") for seed in NOISE_SEEDS]
+    report = evaluate(args, os.path.join(out, "report"), drafts["outlets"], test_features, train_features,
+                      ["--sd-only-draft", drafts["sd-only"], "--lp-only-draft", drafts["lp-only"],
+                       "--noise-samples", *noise])
+    os.makedirs(os.path.join(PACKED, "eval"), exist_ok=True)
+    for name in ("report.json", "report.md", "predictions.jsonl.gz"):
+        shutil.copy(os.path.join(report, name), os.path.join(PACKED, "eval", name))
+    if last < STAGES.index("curve"):
+        return 0
+    for size in args.curve:  # OUTLETS and the probes trained on nested subsets of the train split
+        subset = os.path.join(features, f"train-{size}")
+        if not os.path.exists(os.path.join(subset, "manifest.json")):
+            subset_features(train_features, subset, size)
+        draft = train_draft(args, out, f"outlets-{size}", subset, ())
+        evaluate(args, os.path.join(out, f"report-{size}"), draft, test_features, subset,
+                 ["--baselines", "probe", "--no-drafting"])
     print(f"report: {os.path.join(report, 'report.md')}")
     return 0
+
+
+def train_draft(args: argparse.Namespace, out: str, name: str, features: str, overrides: Sequence[str]) -> str:
+    """``outlets train`` on the CPU recipe, then ``outlets export``; an interrupted run resumes."""
+    run_dir, draft = os.path.join(out, f"train-{name}"), os.path.join(out, f"draft-{name}")
+    step(os.path.join(draft, "config.json"),
+         ["train", "--config", RECIPE, f"model.target_model_path={args.target}",
+          f"data.hidden_states_path={features}", f"data.max_length={args.train_max_length}",
+          f"training.num_epochs={args.epochs}", f"output_dir={run_dir}", f"tracking.wandb_dir={run_dir}",
+          *overrides])  # fmt: skip
+    step(os.path.join(draft, "config.json"), ["export", "--checkpoint", run_dir, "--output", draft])
+    return draft
+
+
+def evaluate(args: argparse.Namespace, report: str, draft: str, test: str, train: str, extra: Sequence[str]) -> str:
+    step(os.path.join(report, "report.json"),
+         ["eval", "--draft", draft, "--features", test, "--train-features", train, "--target", args.target,
+          "--max-new-tokens", args.max_new_tokens, "--output", report, *extra])  # fmt: skip
+    return report
 
 
 if __name__ == "__main__":

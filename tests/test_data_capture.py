@@ -1,6 +1,7 @@
 """`outlets capture`: loss-mask spans through the chat template, labels, features and the post-pass."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from specforge_outlets.data.chat_tokens import tokenise_conversation
 from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FeatureFileError, load_features
 from specforge_outlets.data.labels import NO_LABEL
+from specforge_outlets.errors import OutletsError
 from tests.data_fixtures import END_ID, make_chat_target, make_chat_tokenizer, run_command, write_jsonl
 
 
@@ -187,3 +189,26 @@ def test_generated_ids_are_used_as_they_are(tokenizer):
     assert cut.censored == [True] and cut.input_ids[-3:] == tokenizer("a b c", add_special_tokens=False)["input_ids"]
     with pytest.raises(RowError, match="do not end with"):
         tokenise_conversation(tokenizer, [user("Hi"), {**generated("x"), "token_ids": [7]}], END_ID)
+
+
+def test_feature_subsets_are_nested_links_with_their_own_manifest(tmp_path):
+    from specforge_outlets.data.feature_subset import subset_features
+
+    source = tmp_path / "features"
+    source.mkdir()
+    entries = []
+    for i in range(10):
+        (source / f"data_{i}.ckpt").write_bytes(b"x")
+        entries.append({"file": f"data_{i}.ckpt", "id": f"r{i}"})
+    (source / "manifest.json").write_text(json.dumps({"input": "regen.jsonl", "files": entries}))
+    small = subset_features(str(source), str(tmp_path / "s3"), 3)
+    large = subset_features(str(source), str(tmp_path / "s6"), 6)
+    names = lambda d: sorted(n for n in os.listdir(d) if n.endswith(".ckpt"))
+    assert len(names(small)) == 3 and set(names(small)) <= set(names(large))
+    manifest = json.loads((tmp_path / "s3" / "manifest.json").read_text())
+    assert sorted(e["file"] for e in manifest["files"]) == names(small) and os.path.isabs(manifest["input"])
+    assert all(os.path.islink(os.path.join(small, n)) for n in names(small))
+    with pytest.raises(OutletsError, match="has 10 feature files"):
+        subset_features(str(source), str(tmp_path / "s11"), 11)
+    with pytest.raises(OutletsError, match="not empty"):
+        subset_features(str(source), str(tmp_path / "s3"), 3)
