@@ -154,6 +154,7 @@ class LlamaServer:
             llama_server_binary(), "-m", str(self.target.gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(self.threads), "-np", str(self.slots), "-c", str(self.slots * self.target.context),
             "--no-kv-unified", "--override-kv", f"tokenizer.ggml.eos_token_id=int:{self.target.end_id}",
+            "--cache-ram", "0",  # no host prompt cache (8 GiB by default): prompts here share no prefixes
         ]  # fmt: skip
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w", encoding="utf-8")
