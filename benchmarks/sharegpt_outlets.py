@@ -9,7 +9,8 @@ each resumable and skipped when its output exists:
    of a fixed subset of ``--noise-prompts`` test prompts (the sampling-noise floor), the train split;
 3. ``pack``: the regenerated responses (ids, response token ids, finish reasons, lengths; no
    prompt text) into ``benchmarks/data/sharegpt-smollm2/`` (committed, gzip). On a machine without
-   the regenerated files, stage 2 is replaced by unpacking them against the prompts in ../shared;
+   the regenerated files, stage 2 starts by unpacking them against the prompts in ../shared (and
+   regenerates only what a partially packed file lacks);
 4. ``capture``; ``train`` + ``export`` of the OUTLETS, SD-only and LP-only drafts
    (recipes/smollm2-135m-cpu-outlets.yaml); ``eval`` with the noise samples, whose report and
    per-request predictions are copied next to the packed label set (for the serving study);
@@ -121,15 +122,12 @@ def run() -> int:
     if last < STAGES.index("regenerate"):
         return 0
 
-    have_regen = all(os.path.exists(os.path.join(regen, name.replace(".jsonl", ".summary.json")))
-                     for name in regen_files())
-    if not have_regen and os.path.exists(os.path.join(PACKED, "summary.json")):
-        unpack_label_set(PACKED, data, regen, args.target)
-    else:
-        regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
-        for seed in NOISE_SEEDS:
-            regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
-        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
+    if not os.path.isdir(regen) and os.path.exists(os.path.join(PACKED, "summary.json")):
+        unpack_label_set(PACKED, data, regen, args.target)  # the committed label set: no regeneration
+    regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
+    for seed in NOISE_SEEDS:
+        regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
+    regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
     if last < STAGES.index("pack"):
         return 0
     pack_label_set(regen, regen_files(), PACKED)

@@ -84,3 +84,19 @@ def test_pack_refuses_rows_without_token_ids(tmp_path):
     (tmp_path / "test.summary.json").write_text("{}")
     with pytest.raises(OutletsError, match="row a: assistant turn 1 has no token_ids"):
         pack_label_set(str(tmp_path), ["test.jsonl"], str(tmp_path / "packed"))
+
+
+def test_a_partially_packed_file_is_left_for_resume(target, tmp_path):
+    data, regen, packed, restored = (tmp_path / name for name in ("data", "regen", "packed", "restored"))
+    for folder in (data, regen):
+        folder.mkdir()
+    prompts = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+    write_jsonl(data / "train.jsonl", prompts)
+    turn = {"role": "assistant", "content": "x", "num_tokens": 1, "finish_reason": "stop", "token_ids": [END_ID]}
+    write_jsonl(regen / "train.jsonl", [{"id": "p0", "conversations": [*prompts[0]["conversations"], turn]}])
+    pack_label_set(str(regen), ["train.jsonl"], str(packed))  # no train.summary.json: still running
+    summary = json.loads((packed / "summary.json").read_text())["train"]
+    assert summary == {"complete": False, "packed_rows": 1}
+    unpack_label_set(str(packed), str(data), str(restored), target)
+    assert [r["id"] for r in read_jsonl(restored / "train.jsonl")] == ["p0"]
+    assert not (restored / "train.summary.json").exists()  # so `regenerate --resume` finishes it

@@ -73,8 +73,13 @@ def pack_label_set(regen_dir: str, names: Iterable[str], packed_dir: str) -> Non
             for row in rows:
                 handle.write(json.dumps(_pack_row(row), separators=(",", ":")) + "\n")
         os.replace(tmp, os.path.join(packed_dir, f"{stem}{PACKED_SUFFIX}"))
-        with open(os.path.join(regen_dir, f"{stem}.summary.json"), encoding="utf-8") as handle:
-            summaries[stem] = json.load(handle)
+        summary_path = os.path.join(regen_dir, f"{stem}.summary.json")
+        if os.path.exists(summary_path):  # `outlets regenerate` finished this file
+            with open(summary_path, encoding="utf-8") as handle:
+                summaries[stem] = {**json.load(handle), "complete": True}
+        else:  # still being regenerated: packed as far as it got, resumed after unpacking
+            summaries[stem] = {"complete": False}
+        summaries[stem]["packed_rows"] = len(rows)
     with open(os.path.join(packed_dir, SUMMARY), "w", encoding="utf-8") as handle:
         json.dump(summaries, handle, indent=2)
 
@@ -89,7 +94,8 @@ def unpack_label_set(packed_dir: str, data_dir: str, regen_dir: str, target: str
 
     Each packed file answers the prompts of ``<data_dir>/<split>.jsonl`` (``noise-seed*`` answer
     ``noise.jsonl``); a packed id that is missing there, or whose prompt checksum differs, is
-    refused with that id before anything is written.
+    refused with that id before anything is written. A file packed before its regeneration
+    finished gets no summary, so ``outlets regenerate --resume`` continues it.
     """
     from transformers import AutoTokenizer
 
@@ -104,8 +110,9 @@ def unpack_label_set(packed_dir: str, data_dir: str, regen_dir: str, target: str
     for stem, (kept, filtered) in unpacked.items():
         write_jsonl(os.path.join(regen_dir, f"{stem}.jsonl"), kept)
         write_jsonl(os.path.join(regen_dir, f"{stem}.filtered.jsonl"), filtered)
-        with open(os.path.join(regen_dir, f"{stem}.summary.json"), "w", encoding="utf-8") as handle:
-            json.dump({**summaries[stem], "unpacked_from": packed_dir}, handle, indent=2)
+        if summaries[stem].get("complete", True):  # a partial file gets no summary: --resume completes it
+            with open(os.path.join(regen_dir, f"{stem}.summary.json"), "w", encoding="utf-8") as handle:
+                json.dump({**summaries[stem], "unpacked_from": packed_dir}, handle, indent=2)
 
 
 def _unpack_file(packed_dir: str, stem: str, data_dir: str, tokenizer: Any, stop_ids: set) -> tuple:

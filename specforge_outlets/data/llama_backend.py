@@ -157,7 +157,9 @@ class LlamaServer:
             "--cache-ram", "0",  # no host prompt cache (8 GiB by default): prompts here share no prefixes
         ]  # fmt: skip
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "w", encoding="utf-8")
+        log = open(self.log_path, "a", encoding="utf-8")  # a resumed run keeps the earlier runs' logs
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
+        log.flush()
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         self.url = f"http://127.0.0.1:{port}"
