@@ -45,6 +45,19 @@ Messages = List[Dict[str, str]]
 CompleteFn = Callable[[Sequence[Messages]], List[Union[TurnResult, TurnError]]]
 
 
+def complete_each(
+    complete_one: Callable[[Messages], TurnResult], batch: Sequence[Messages]
+) -> List[Union[TurnResult, TurnError]]:
+    """One request per history, for servers that batch by themselves; a failed one is its TurnError."""
+    answers: List[Union[TurnResult, TurnError]] = []
+    for messages in batch:
+        try:
+            answers.append(complete_one(messages))
+        except TurnError as exc:
+            answers.append(exc)
+    return answers
+
+
 def regenerate_rows(rows: Sequence[Dict[str, Any]], complete: CompleteFn) -> List[Union[Dict[str, Any], TurnError]]:
     """Regenerate every assistant turn of ``rows`` (normalised conversations), batching turn k."""
     states = [_State(row) for row in rows]

@@ -36,7 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import requests
 
 from specforge_outlets.data.chat_tokens import generation_prompt_ids
-from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
+from specforge_outlets.data.generation import (
+    LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult, complete_each,
+)
 from specforge_outlets.data.targets import SMOLLM2_ALIAS, cache_root, ensure_smollm2, smollm2_gguf_path, stop_token_ids
 from specforge_outlets.errors import OutletsError
 
@@ -208,13 +210,7 @@ class LlamaBackend:
         self.target = server.target
 
     def complete(self, batch: Sequence[Messages]) -> List[Union[TurnResult, TurnError]]:
-        answers: List[Union[TurnResult, TurnError]] = []
-        for messages in batch:
-            try:
-                answers.append(self.complete_one(messages))
-            except TurnError as exc:
-                answers.append(exc)
-        return answers
+        return complete_each(self.complete_one, batch)
 
     def complete_one(self, messages: Messages) -> TurnResult:
         prompt = self.target.prompt_ids(messages)

@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import requests
 
-from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
+from specforge_outlets.data.generation import (
+    LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult, complete_each,
+)
 
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -39,13 +41,7 @@ class OpenAIBackend:
         self.backoff = backoff
 
     def complete(self, batch: Sequence[Messages]) -> List[Union[TurnResult, TurnError]]:
-        answers: List[Union[TurnResult, TurnError]] = []
-        for messages in batch:
-            try:
-                answers.append(self.complete_one(messages))
-            except TurnError as exc:
-                answers.append(exc)
-        return answers
+        return complete_each(self.complete_one, batch)
 
     def complete_one(self, messages: Messages) -> TurnResult:
         body = self._body(messages)

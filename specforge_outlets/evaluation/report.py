@@ -220,11 +220,7 @@ def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Predi
     ax.set_title("Dynamic MAE by decoding progress")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(directory, "mae_vs_progress.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(os.path.basename(path))
+    written.append(_save(fig, directory, "mae_vs_progress.png"))
 
     names = list(predictions)
     cols = min(3, len(names))
@@ -243,11 +239,7 @@ def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Predi
         ax.set_ylabel("predicted r_hat_0")
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    fig.tight_layout()
-    path = os.path.join(directory, "predicted_vs_true.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(os.path.basename(path))
+    written.append(_save(fig, directory, "predicted_vs_true.png"))
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for name, entry in report["predictors"].items():
@@ -264,9 +256,14 @@ def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Predi
     ax.set_title("Calibration: quantiles 5%..95% (dotted: share threshold)", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(directory, "calibration_qq.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(os.path.basename(path))
+    written.append(_save(fig, directory, "calibration_qq.png"))
     return written
+
+
+def _save(fig, directory: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(os.path.join(directory, name), dpi=120)
+    plt.close(fig)
+    return name
