@@ -33,6 +33,9 @@ MAX_REPORTED_ERRORS = 100
 # Requests in flight unless --concurrency says otherwise. llama: the server's parallel slots;
 # 8-16 give the best throughput on 2 cores (docs/data.md), and each holds a whole context of KV.
 DEFAULT_CONCURRENCY = {"openai": 32, "llama": 8}
+# Seconds per request unless --timeout says otherwise; llama's own server is checked for life on
+# any failure, so its limit only has to catch a server that hangs.
+DEFAULT_TIMEOUT_S = {"openai": 600.0, "llama": 7200.0}
 COUNT_KEYS = ("kept", "filtered", "errors", "bad_lines", "turns", "censored_turns")
 
 
@@ -65,7 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--concurrency", type=int, help="requests in flight (openai: default 32; llama: the server's parallel slots, default 8)"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama: CPU threads of the server")
-    parser.add_argument("--timeout", type=float, default=600.0, help="openai: seconds per request")
+    parser.add_argument(
+        "--timeout", type=float,
+        help="seconds per request (openai: default 600, retried; llama: default 7200, fatal: a 2,048-token answer "
+        "from one of 16 slots on a shared CPU core takes over 10 minutes)",
+    )  # fmt: skip
     parser.add_argument("--max-retries", type=int, default=5, help="openai: retries per request")
     parser.add_argument("--backoff", type=float, default=1.0, help="openai: first retry delay, doubled each time")
     parser.set_defaults(func=run)
@@ -79,6 +86,8 @@ def side_paths(output: str) -> Dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     if args.concurrency is None:
         args.concurrency = DEFAULT_CONCURRENCY.get(args.backend, 1)
+    if args.timeout is None:
+        args.timeout = DEFAULT_TIMEOUT_S.get(args.backend, 600.0)
     for name in ("max_new_tokens", "max_response_tokens", "batch_size", "concurrency", "threads"):
         if getattr(args, name) < 1:
             raise OutletsError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
