@@ -12,10 +12,9 @@ import json
 import os
 import random
 
+from specforge_outlets.data.capture_command import MANIFEST
 from specforge_outlets.data.features import FEATURE_SUFFIX
 from specforge_outlets.errors import OutletsError
-
-MANIFEST = "manifest.json"
 
 
 def subset_features(source: str, destination: str, count: int, seed: int = 0) -> str:

@@ -45,6 +45,27 @@ Messages = List[Dict[str, str]]
 CompleteFn = Callable[[Sequence[Messages]], List[Union[TurnResult, TurnError]]]
 
 
+def context_overflow(prompt_tokens: int, max_new_tokens: int, context: int) -> Optional[TurnError]:
+    """The error for a prompt that cannot be answered in full within the target's context, if any."""
+    if context and prompt_tokens + max_new_tokens > context:
+        return TurnError(
+            f"prompt of {prompt_tokens} tokens + --max-new-tokens {max_new_tokens} exceeds "
+            f"the target's context of {context} tokens"
+        )
+    return None
+
+
+def turn_from_tokens(
+    tokens: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int, decode: Callable[[List[int]], str]
+) -> TurnResult:
+    """The label semantics of every local engine: finished at the first stop token (counted), else censored."""
+    stop = next((position for position, token in enumerate(tokens) if token in stop_ids), None)
+    if stop is None:
+        kept = list(tokens[:max_new_tokens])
+        return TurnResult(decode(kept), len(kept), LENGTH, kept)
+    return TurnResult(decode(list(tokens[:stop])), stop + 1, STOP, list(tokens[: stop + 1]))
+
+
 def complete_each(
     complete_one: Callable[[Messages], TurnResult], batch: Sequence[Messages]
 ) -> List[Union[TurnResult, TurnError]]:

@@ -13,7 +13,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from specforge_outlets.data.chat_tokens import generation_prompt_ids
-from specforge_outlets.data.generation import LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult
+from specforge_outlets.data.generation import (
+    Messages, SamplingSettings, TurnError, TurnResult, context_overflow, turn_from_tokens,
+)
 from specforge_outlets.data.targets import resolve_target, stop_token_ids
 
 
@@ -40,12 +42,8 @@ class HFBackend:
         answers: List[Union[TurnResult, TurnError, None]] = [None] * len(batch)
         runnable = []
         for index, ids in enumerate(prompts):
-            if self.context and len(ids) + settings.max_new_tokens > self.context:
-                answers[index] = TurnError(
-                    f"prompt of {len(ids)} tokens + --max-new-tokens {settings.max_new_tokens} exceeds "
-                    f"the target's context of {self.context} tokens"
-                )
-            else:
+            answers[index] = context_overflow(len(ids), settings.max_new_tokens, self.context)
+            if answers[index] is None:
                 runnable.append(index)
         if runnable:
             encoded = self.tokenizer.pad({"input_ids": [prompts[i] for i in runnable]}, return_tensors="pt")
@@ -70,12 +68,8 @@ class HFBackend:
         return answers  # type: ignore[return-value]
 
     def _turn(self, tokens: List[int]) -> TurnResult:
-        stop = next((position for position, token in enumerate(tokens) if token in self.stop_ids), None)
-        if stop is None:
-            kept = tokens[: self.settings.max_new_tokens]
-            return TurnResult(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), LENGTH, kept)
-        content = self.tokenizer.decode(tokens[:stop], skip_special_tokens=True)
-        return TurnResult(content, stop + 1, STOP, tokens[: stop + 1])
+        return turn_from_tokens(tokens, self.stop_ids, self.settings.max_new_tokens,
+                                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 class _StepProgress(StoppingCriteria):

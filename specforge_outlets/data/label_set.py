@@ -136,8 +136,7 @@ def _unpack_file(packed_dir: str, stem: str, data_dir: str, tokenizer: Any, stop
 
 
 def _conversation(row: Dict[str, Any], turns: List[Dict[str, Any]], tokenizer: Any, stop_ids: set) -> Dict[str, Any]:
-    head = [dict(row["conversations"][0])] if row["conversations"][0]["role"] == "system" else []
-    history = head
+    history = [dict(row["conversations"][0])] if row["conversations"][0]["role"] == "system" else []
     for question, turn in zip(_questions(row), turns):
         ids = turn["token_ids"]
         text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids

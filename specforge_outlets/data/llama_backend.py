@@ -37,7 +37,7 @@ import requests
 
 from specforge_outlets.data.chat_tokens import generation_prompt_ids
 from specforge_outlets.data.generation import (
-    LENGTH, STOP, Messages, SamplingSettings, TurnError, TurnResult, complete_each,
+    Messages, SamplingSettings, TurnError, TurnResult, complete_each, context_overflow, turn_from_tokens,
 )
 from specforge_outlets.data.targets import SMOLLM2_ALIAS, cache_root, ensure_smollm2, smollm2_gguf_path, stop_token_ids
 from specforge_outlets.errors import OutletsError
@@ -51,6 +51,9 @@ HF_DEFAULT_TOP_K = 50
 STARTUP_TIMEOUT_S = 120.0
 # Lines of the server's log quoted in an error.
 LOG_TAIL_LINES = 15
+# Seconds one request may take before the server is taken to hang: a 2,048-token answer from one
+# of 16 slots on a shared CPU core took over 10 minutes here.
+REQUEST_TIMEOUT_S = 7200.0
 
 
 class EngineError(OutletsError):
@@ -205,7 +208,7 @@ class LlamaServer:
 class LlamaBackend:
     """Answers chat histories through a running :class:`LlamaServer` (one request per history)."""
 
-    def __init__(self, server: LlamaServer, settings: SamplingSettings, timeout: float = 3600.0) -> None:
+    def __init__(self, server: LlamaServer, settings: SamplingSettings, timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.server, self.settings, self.timeout = server, settings, timeout
         self.target = server.target
 
@@ -214,12 +217,9 @@ class LlamaBackend:
 
     def complete_one(self, messages: Messages) -> TurnResult:
         prompt = self.target.prompt_ids(messages)
-        limit = self.settings.max_new_tokens
-        if len(prompt) + limit > self.target.context:
-            raise TurnError(
-                f"prompt of {len(prompt)} tokens + --max-new-tokens {limit} exceeds "
-                f"the target's context of {self.target.context} tokens"
-            )
+        overflow = context_overflow(len(prompt), self.settings.max_new_tokens, self.target.context)
+        if overflow is not None:
+            raise overflow
         try:
             response = requests.post(
                 f"{self.server.url}/completion", json=self.request_body(prompt), timeout=self.timeout
@@ -258,18 +258,15 @@ class LlamaBackend:
             stop_type = payload["stop_type"]
         except (KeyError, TypeError, ValueError) as exc:
             raise TurnError(f"malformed llama-server answer ({exc!r}): {str(payload)[:200]}") from exc
-        stop_ids = self.target.stop_ids
-        end = next((i for i, token in enumerate(tokens) if token in stop_ids), None)
-        if end is not None:
-            content = self.target.tokenizer.decode(tokens[:end], skip_special_tokens=True)
-            return TurnResult(content, end + 1, STOP, tokens[: end + 1])
-        if stop_type != "limit" or len(tokens) < self.settings.max_new_tokens:
+        stop_ids, limit = self.target.stop_ids, self.settings.max_new_tokens
+        ended = any(token in stop_ids for token in tokens)
+        if not ended and (stop_type != "limit" or len(tokens) < limit):
             raise TurnError(
                 f"llama-server stopped ({stop_type!r}) after {len(tokens)} tokens without an end-of-turn "
-                f"token {stop_ids} and below --max-new-tokens {self.settings.max_new_tokens}"
+                f"token {stop_ids} and below --max-new-tokens {limit}"
             )
-        content = self.target.tokenizer.decode(tokens, skip_special_tokens=True)
-        return TurnResult(content, len(tokens), LENGTH, tokens)
+        return turn_from_tokens(tokens, stop_ids, limit,
+                                lambda ids: self.target.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def request_seed(seed: int, prompt: Sequence[int]) -> int:

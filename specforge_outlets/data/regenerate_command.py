@@ -27,15 +27,16 @@ from specforge_outlets.data.generation import (
     regenerate_rows,
 )
 from specforge_outlets.data.jsonl import AppendWriter, BadLine, iter_jsonl, recover_jsonl
+from specforge_outlets.data.llama_backend import REQUEST_TIMEOUT_S
 from specforge_outlets.errors import OutletsError
 
 MAX_REPORTED_ERRORS = 100
 # Requests in flight unless --concurrency says otherwise. llama: the server's parallel slots;
 # 8-16 give the best throughput on 2 cores (docs/data.md), and each holds a whole context of KV.
 DEFAULT_CONCURRENCY = {"openai": 32, "llama": 8}
-# Seconds per request unless --timeout says otherwise; llama's own server is checked for life on
-# any failure, so its limit only has to catch a server that hangs.
-DEFAULT_TIMEOUT_S = {"openai": 600.0, "llama": 7200.0}
+# Seconds per request unless --timeout says otherwise (openai: retried; llama: llama_backend's
+# REQUEST_TIMEOUT_S, fatal, its own server being checked for life on any failure).
+DEFAULT_TIMEOUT_S = {"openai": 600.0, "llama": REQUEST_TIMEOUT_S}
 COUNT_KEYS = ("kept", "filtered", "errors", "bad_lines", "turns", "censored_turns")
 
 

@@ -55,7 +55,11 @@ class LengthWeighting:
 
     def position_weights(self, labels: torch.Tensor, step: int = 0) -> torch.Tensor:
         """[B, T] labels of one TTT step -> [B, T] float weights, 0 where there is no label."""
-        labelled, starts, size = response_positions(labels)
+        return self.weights_at(response_positions(labels), step)
+
+    def weights_at(self, positions, step: int) -> torch.Tensor:
+        """The same weights from ``response_positions`` already computed for these labels."""
+        labelled, starts, size = positions
         per_position = 1.0 / size if self.weighting == "per_response" else torch.ones_like(size)
         response_total = per_position * size  # 1 (per_response) or n (pooled)
         weights = per_position + self.static_weight * response_total * starts
@@ -96,8 +100,9 @@ def fit_length(
     masks = [l != NO_LABEL for l in labels]
     raw = torch.cat([r[m] for r, m in zip(raw_outputs, masks)])  # [N, out]
     remaining = torch.cat([l[m] for l, m in zip(labels, masks)])  # [N]
-    weights = torch.cat([weighting.position_weights(l, k)[m] for k, (l, m) in enumerate(zip(labels, masks))])
-    static = torch.cat([response_positions(l)[1][m] & (k == 0) for k, (l, m) in enumerate(zip(labels, masks))])
+    positions = [response_positions(l) for l in labels]  # once per step: weights and the static mask
+    weights = torch.cat([weighting.weights_at(p, k)[m] for k, (p, m) in enumerate(zip(positions, masks))])
+    static = torch.cat([p[1][m] & (k == 0) for k, (p, m) in enumerate(zip(positions, masks))])
     count = remaining.new_tensor(remaining.numel(), dtype=torch.float32)
     z_true = torch.log1p(remaining.float())
     z_pred = head.log_remaining(raw).float()
