@@ -16,7 +16,7 @@ each resumable and skipped when its output exists:
    per-request predictions are copied next to the packed label set (for the serving study);
 5. ``curve``: OUTLETS and the probes trained on nested subsets of ``--curve`` train responses.
 
-    python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt --until pack
+    python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt --until pack --workers 2
     python benchmarks/sharegpt_outlets.py --output runs/bench-sharegpt            # everything
 """
 
@@ -33,6 +33,7 @@ from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features
 from specforge_outlets.data.jsonl import recover_jsonl
 from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
+from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,10 +60,14 @@ def step(done_marker: str, argv: Sequence[object]) -> None:
 
 
 def regenerate(args: argparse.Namespace, source: str, output: str, seed: int) -> None:
-    step(output.replace(".jsonl", ".summary.json"),
-         ["regenerate", "--backend", "llama", "--target", args.target, "--resume", "--input", source,
-          "--output", output, "--max-new-tokens", args.max_new_tokens, "--max-response-tokens", args.max_new_tokens,
-          "--concurrency", args.concurrency, "--threads", args.threads, "--seed", seed])  # fmt: skip
+    """One split answered by ``--workers`` engine processes; the last, single pass writes its summary."""
+    options = ["--backend", "llama", "--target", args.target, "--max-new-tokens", args.max_new_tokens,
+               "--max-response-tokens", args.max_new_tokens, "--concurrency", args.concurrency,
+               "--threads", 1 if args.workers > 1 else args.threads, "--seed", seed]  # fmt: skip
+    marker = output.replace(".jsonl", ".summary.json")
+    if args.workers > 1 and not os.path.exists(marker):
+        regenerate_sharded(source, output, args.workers, [str(option) for option in options])
+    step(marker, ["regenerate", *options, "--resume", "--input", source, "--output", output])
 
 
 def regen_files() -> List[str]:
@@ -96,9 +101,14 @@ def run() -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="llama-server slots")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="llama-server threads (1 when other work shares the cores: docs/data.md)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="engine processes, one thread and one core each (2 on a 2-core machine)")
+    parser.add_argument("--labels-as-is", action="store_true",
+                        help="no regeneration: pack, train and evaluate on the label set as far as it got")
     parser.add_argument("--max-length", type=int, default=4096, help="capture: longest conversation kept (tokens)")
     parser.add_argument("--train-max-length", type=int, default=2048, help="training sequence length (tokens)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs of every draft")
+    parser.add_argument("--max-steps", type=int, help="cap on each draft's optimizer steps (CPU time budget)")
     parser.add_argument("--curve", type=int, nargs="*", default=[250, 500, 1000],
                         help="learning curve: train-split sizes (the full split is the main run)")
     parser.add_argument("--target", default="smollm2-135m")
@@ -124,10 +134,11 @@ def run() -> int:
 
     if not os.path.isdir(regen) and os.path.exists(os.path.join(PACKED, "summary.json")):
         unpack_label_set(PACKED, data, regen, args.target)  # the committed label set: no regeneration
-    regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
-    for seed in NOISE_SEEDS:
-        regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
-    regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
+    if not args.labels_as_is:
+        regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
+        for seed in NOISE_SEEDS:
+            regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
+        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
     if last < STAGES.index("pack"):
         return 0
     pack_label_set(regen, regen_files(), PACKED)
@@ -172,7 +183,7 @@ def train_draft(args: argparse.Namespace, out: str, name: str, features: str, ov
          ["train", "--config", RECIPE, f"model.target_model_path={args.target}",
           f"data.hidden_states_path={features}", f"data.max_length={args.train_max_length}",
           f"training.num_epochs={args.epochs}", f"output_dir={run_dir}", f"tracking.wandb_dir={run_dir}",
-          *overrides])  # fmt: skip
+          *([f"training.max_steps={args.max_steps}"] if args.max_steps else []), *overrides])  # fmt: skip
     step(os.path.join(draft, "config.json"), ["export", "--checkpoint", run_dir, "--output", draft])
     return draft
 

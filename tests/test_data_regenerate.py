@@ -146,3 +146,35 @@ def test_hf_regenerate_command(chat_target, tmp_path):
     for row in rows:
         for turn in row["conversations"][1::2]:
             assert turn["finish_reason"] in (STOP, LENGTH) and 1 <= turn["num_tokens"] <= 4
+
+
+def test_sharded_regeneration_answers_each_prompt_once(tmp_path):
+    from specforge_outlets.data.jsonl import write_jsonl as append_free_write
+    from specforge_outlets.data.sharded_regeneration import regenerate_sharded, shard_path
+
+    prompts = [{"id": f"p{i}", "prompt": f"question number {i}"} for i in range(9)] + [
+        {"id": "cut", "prompt": "ramble please"}]
+    source, output = write_jsonl(tmp_path / "in.jsonl", prompts), str(tmp_path / "out.jsonl")
+    def answer(row):
+        return {"id": row["id"], "conversations": [{"role": "user", "content": row["prompt"]}, {
+            "role": "assistant", "content": "a", "num_tokens": 2, "finish_reason": STOP}]}
+
+    append_free_write(output, [answer(prompts[0])])  # answered before
+    append_free_write(shard_path(output, 1), [answer(prompts[1])])  # left by an interrupted worker
+    with StubChatServer() as server:
+        regenerate_sharded(str(source), output, 2, [*OPENAI, "--base-url", server.url])
+    rows = read_jsonl(output)
+    assert sorted(row["id"] for row in rows) == sorted(row["id"] for row in prompts)  # each once
+    assert server.requests["question number 0"] == 0 and server.requests["question number 1"] == 0
+    assert all(server.requests[f"question number {i}"] == 1 for i in range(2, 9))
+    assert not [name for name in tmp_path.iterdir() if ".shard" in name.name and not name.name.endswith(".log")]
+
+
+def test_sharded_regeneration_refuses_more_workers_than_cores(tmp_path):
+    import os
+
+    from specforge_outlets.data.sharded_regeneration import regenerate_sharded
+
+    with pytest.raises(OutletsError, match="--workers"):
+        regenerate_sharded(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                           len(os.sched_getaffinity(0)) + 1, [])
