@@ -27,20 +27,22 @@ import json
 import os
 import shutil
 import sys
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features
-from specforge_outlets.data.jsonl import recover_jsonl
+from specforge_outlets.data.jsonl import recover_jsonl, write_jsonl
 from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
 from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
+from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
 RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
 PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
 FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.png")
+CURVE_FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-learning-curve.png")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
 NOISE_SEEDS = (1, 2, 3)
 STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval", "curve")
@@ -72,6 +74,20 @@ def regenerate(args: argparse.Namespace, source: str, output: str, seed: int) ->
 
 def regen_files() -> List[str]:
     return ["test.jsonl", "train.jsonl", *(f"noise-seed{seed}.jsonl" for seed in NOISE_SEEDS)]
+
+
+def capture_input(regen: str, split: str) -> str:
+    """The file ``capture`` reads: for the test split, the censored responses too.
+
+    A censored response is never scored, but the serving study needs every test request's
+    predictions, the long tail included (its true length is at least the limit).
+    """
+    path = os.path.join(regen, f"{split}.jsonl")
+    if split != "test":
+        return path
+    merged = os.path.join(regen, "test.with-censored.jsonl")
+    write_jsonl(merged, recover_jsonl(path) + recover_jsonl(path.replace(".jsonl", ".filtered.jsonl")))
+    return merged
 
 
 def write_label_stats(regen: str) -> None:
@@ -109,8 +125,12 @@ def run() -> int:
     parser.add_argument("--train-max-length", type=int, default=2048, help="training sequence length (tokens)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs of every draft")
     parser.add_argument("--max-steps", type=int, help="cap on each draft's optimizer steps (CPU time budget)")
+    parser.add_argument("--drafts", nargs="+", choices=list(DRAFTS), default=list(DRAFTS),
+                        help="drafts to train (outlets is always needed; the others are the ablation rows)")
     parser.add_argument("--curve", type=int, nargs="*", default=[250, 500, 1000],
                         help="learning curve: train-split sizes (the full split is the main run)")
+    parser.add_argument("--curve-probes-only", action="store_true",
+                        help="learning curve of the probes only, no draft trained per size (CPU budget)")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--output", default="runs/bench-sharegpt")
     parser.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
@@ -121,6 +141,8 @@ def run() -> int:
     out = os.path.abspath(args.output)
     data, regen, features = (os.path.join(out, name) for name in ("data", "regen", "features"))
     last = STAGES.index(args.until)
+    if "outlets" not in args.drafts:
+        parser.error("--drafts must include outlets")
 
     prepare = ["prepare", "--dataset", "jsonl", "--path", os.path.abspath(PROMPTS), "--output", data]
     if args.prompts:
@@ -148,32 +170,49 @@ def run() -> int:
 
     for split in ("train", "test"):
         step(os.path.join(features, split, "manifest.json"),
-             ["capture", "--target", args.target, "--input", os.path.join(regen, f"{split}.jsonl"),
-              "--output", os.path.join(features, split), "--max-length", args.max_length])  # fmt: skip
+             ["capture", "--target", args.target, "--input", capture_input(regen, split),
+              "--output", os.path.join(features, split), "--split", split, "--max-length", args.max_length])  # fmt: skip
     if last < STAGES.index("train"):
         return 0
     train_features, test_features = os.path.join(features, "train"), os.path.join(features, "test")
-    drafts = {name: train_draft(args, out, name, train_features, overrides) for name, overrides in DRAFTS.items()}
+    drafts = {name: train_draft(args, out, name, train_features, DRAFTS[name]) for name in args.drafts}
     if last < STAGES.index("eval"):
         return 0
     noise = [os.path.join(regen, f"noise-seed{seed}.jsonl") for seed in NOISE_SEEDS]
+    ablations = [option for name in ("sd-only", "lp-only") if name in drafts
+                 for option in (f"--{name}-draft", drafts[name])]
     report = evaluate(args, os.path.join(out, "report"), drafts["outlets"], test_features, train_features,
-                      ["--sd-only-draft", drafts["sd-only"], "--lp-only-draft", drafts["lp-only"],
-                       "--noise-samples", *noise])
+                      [*ablations, "--noise-samples", *noise])
     os.makedirs(os.path.join(PACKED, "eval"), exist_ok=True)
     for name in ("report.json", "report.md", "predictions.jsonl.gz"):
         shutil.copy(os.path.join(report, name), os.path.join(PACKED, "eval", name))
     if last < STAGES.index("curve"):
         return 0
+    reports = [report]
     for size in args.curve:  # OUTLETS and the probes trained on nested subsets of the train split
         subset = os.path.join(features, f"train-{size}")
         if not os.path.exists(os.path.join(subset, "manifest.json")):
             subset_features(train_features, subset, size)
-        draft = train_draft(args, out, f"outlets-{size}", subset, ())
-        evaluate(args, os.path.join(out, f"report-{size}"), draft, test_features, subset,
-                 ["--baselines", "probe", "--no-drafting"])
+        draft = None if args.curve_probes_only else train_draft(args, out, f"outlets-{size}", subset, ())
+        reports.append(evaluate(args, os.path.join(out, f"report-{size}"), draft, test_features, subset,
+                                ["--baselines", "probe", "--no-drafting"]))
+    write_learning_curve(reports)
     print(f"report: {os.path.join(report, 'report.md')}")
     return 0
+
+
+def write_learning_curve(report_dirs: Sequence[str]) -> None:
+    """``PACKED/eval/learning_curve.json`` and its figure from the full run's and the subsets' reports."""
+    reports = []
+    for directory in report_dirs:
+        with open(os.path.join(directory, "report.json"), encoding="utf-8") as handle:
+            reports.append(json.load(handle))
+    rows = curve_points(reports)
+    with open(os.path.join(PACKED, "eval", "learning_curve.json"), "w", encoding="utf-8") as handle:
+        json.dump(rows, handle, indent=2)
+    floor = (reports[0].get("noise_floor") or {}).get("static_mae")
+    plot_curve(rows, floor, CURVE_FIGURE)
+    print(json.dumps(rows, indent=2))
 
 
 def train_draft(args: argparse.Namespace, out: str, name: str, features: str, overrides: Sequence[str]) -> str:
@@ -188,9 +227,10 @@ def train_draft(args: argparse.Namespace, out: str, name: str, features: str, ov
     return draft
 
 
-def evaluate(args: argparse.Namespace, report: str, draft: str, test: str, train: str, extra: Sequence[str]) -> str:
+def evaluate(args: argparse.Namespace, report: str, draft: Optional[str], test: str, train: str,
+             extra: Sequence[str]) -> str:
     step(os.path.join(report, "report.json"),
-         ["eval", "--draft", draft, "--features", test, "--train-features", train, "--target", args.target,
+         ["eval", *(["--draft", draft] if draft else []), "--features", test, "--train-features", train, "--target", args.target,
           "--max-new-tokens", args.max_new_tokens, "--output", report, *extra])  # fmt: skip
     return report
 
