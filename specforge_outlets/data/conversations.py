@@ -115,5 +115,10 @@ def normalise_row(raw: Dict[str, Any], fallback_id: str, first_turn_only: bool =
     }
 
 
+def user_questions(conversations: List[Dict[str, Any]]) -> List[str]:
+    """The user turns' texts, in order: what a regenerated conversation answers."""
+    return [turn["content"] for turn in conversations if turn["role"] == "user"]
+
+
 def user_turn_count(conversations: List[Dict[str, Any]]) -> int:
-    return sum(1 for turn in conversations if turn["role"] == "user")
+    return len(user_questions(conversations))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from specforge_outlets.data.conversations import user_questions
+
 STOP, LENGTH = "stop", "length"
 
 
@@ -97,7 +99,7 @@ class _State:
         turns = row["conversations"]
         self.row = row
         self.history: Messages = [dict(turns[0])] if turns and turns[0]["role"] == "system" else []
-        self.questions = [turn["content"] for turn in turns if turn["role"] == "user"]
+        self.questions = user_questions(turns)
         self.answered = 0
         self.error: Optional[TurnError] = None
         self.censored = False

@@ -16,6 +16,7 @@ import random
 import zlib
 from typing import Any, Dict, Iterable, List, Sequence
 
+from specforge_outlets.data.conversations import user_questions
 from specforge_outlets.data.jsonl import iter_jsonl, recover_jsonl, write_jsonl
 from specforge_outlets.errors import OutletsError
 
@@ -39,10 +40,6 @@ def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0)
     write_jsonl(output, [row for index, row in enumerate(rows) if index in chosen])
 
 
-def _questions(row: Dict[str, Any]) -> List[str]:
-    return [turn["content"] for turn in row["conversations"] if turn["role"] == "user"]
-
-
 def _pack_row(row: Dict[str, Any]) -> Dict[str, Any]:
     turns = [turn for turn in row["conversations"] if turn["role"] == "assistant"]
     missing = [i for i, turn in enumerate(turns) if "token_ids" not in turn]
@@ -51,7 +48,7 @@ def _pack_row(row: Dict[str, Any]) -> Dict[str, Any]:
             f"row {row['id']}: assistant turn {missing[0] + 1} has no token_ids; regenerate with "
             "--backend llama or hf (they record the generated ids)"
         )
-    packed = {"id": row["id"], "prompt_crc32": prompt_checksum(_questions(row)),
+    packed = {"id": row["id"], "prompt_crc32": prompt_checksum(user_questions(row["conversations"])),
               "turns": [{key: turn[key] for key in TURN_FIELDS} for turn in turns]}  # fmt: skip
     if "filtered" in row:
         packed["filtered"] = row["filtered"]
@@ -121,7 +118,7 @@ def _unpack_file(packed_dir: str, stem: str, data_dir: str, tokenizer: Any, stop
     kept, filtered = [], []
     for packed in read_packed(os.path.join(packed_dir, f"{stem}{PACKED_SUFFIX}")):
         row = prompts.get(packed["id"])
-        if row is None or prompt_checksum(_questions(row)) != packed["prompt_crc32"]:
+        if row is None or prompt_checksum(user_questions(row["conversations"])) != packed["prompt_crc32"]:
             why = "is not in" if row is None else "has a different prompt in"
             raise OutletsError(
                 f"{packed_dir}/{stem}{PACKED_SUFFIX}: id {packed['id']} {why} {source}; "
@@ -137,7 +134,7 @@ def _unpack_file(packed_dir: str, stem: str, data_dir: str, tokenizer: Any, stop
 
 def _conversation(row: Dict[str, Any], turns: List[Dict[str, Any]], tokenizer: Any, stop_ids: set) -> Dict[str, Any]:
     history = [dict(row["conversations"][0])] if row["conversations"][0]["role"] == "system" else []
-    for question, turn in zip(_questions(row), turns):
+    for question, turn in zip(user_questions(row["conversations"]), turns):
         ids = turn["token_ids"]
         text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids
         content = tokenizer.decode(text_ids, skip_special_tokens=True)
