@@ -1,6 +1,7 @@
 """The packed label set: responses without prompts, joined back to the prompts they answer."""
 
 import json
+import time
 
 import pytest
 
@@ -48,6 +49,10 @@ def test_pack_then_unpack_gives_the_regenerated_rows_back(target, tmp_path):
         (regen / f"{stem}.summary.json").write_text(json.dumps({"kept": 1}))
     pack_label_set(str(regen), ["test.jsonl", "noise-seed1.jsonl"], str(packed))
     packed_rows = read_packed(str(packed / "test.jsonl.gz"))
+    first_bytes = (packed / "test.jsonl.gz").read_bytes()
+    time.sleep(1.1)  # gzip stamps the time in seconds; an unchanged file must still pack to the same bytes
+    pack_label_set(str(regen), ["test.jsonl", "noise-seed1.jsonl"], str(packed))
+    assert (packed / "test.jsonl.gz").read_bytes() == first_bytes
     assert len(packed_rows) == 8 and "content" not in json.dumps(packed_rows)  # no text, prompt or response
     unpack_label_set(str(packed), str(data), str(restored), target)
     for stem in regenerated:

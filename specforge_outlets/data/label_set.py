@@ -66,9 +66,9 @@ def pack_label_set(regen_dir: str, names: Iterable[str], packed_dir: str) -> Non
         )
         rows.sort(key=lambda row: str(row["id"]))
         tmp = os.path.join(packed_dir, f".{stem}{PACKED_SUFFIX}.tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as handle:
-            for row in rows:
-                handle.write(json.dumps(_pack_row(row), separators=(",", ":")) + "\n")
+        text = "".join(json.dumps(_pack_row(row), separators=(",", ":")) + "\n" for row in rows)
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as handle:
+            handle.write(text.encode("utf-8"))  # mtime 0: an unchanged file packs to the same bytes
         os.replace(tmp, os.path.join(packed_dir, f"{stem}{PACKED_SUFFIX}"))
         summary_path = os.path.join(regen_dir, f"{stem}.summary.json")
         if os.path.exists(summary_path):  # `outlets regenerate` finished this file
