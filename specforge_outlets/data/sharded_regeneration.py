@@ -61,9 +61,9 @@ def regenerate_sharded(source: str, output: str, workers: int, argv: Sequence[st
     ``argv`` holds the ``outlets regenerate`` options other than ``--input``/``--output``/``--resume``.
     Shards left by an interrupted run are merged first, so nothing is generated twice.
     """
-    cores = sorted(os.sched_getaffinity(0))
-    if workers > len(cores):
-        raise OutletsError(f"--workers {workers}: only {len(cores)} cores are available to this process")
+    if workers < 1:
+        raise OutletsError(f"--workers {workers}: needs at least one worker")
+    cores = sorted(os.sched_getaffinity(0))  # worker i is pinned to core i (round robin past the last)
     merge_shards(output, workers)
     done = answered_ids(output)
     pending = [row for row in recover_jsonl(source) if str(row["id"]) not in done]
@@ -78,7 +78,7 @@ def regenerate_sharded(source: str, output: str, workers: int, argv: Sequence[st
         command = [sys.executable, "-m", "specforge_outlets.cli", "regenerate", *argv, "--resume",
                    "--input", shard_input, "--output", shard_path(output, index)]  # fmt: skip
         processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                          preexec_fn=lambda core=cores[index]: os.sched_setaffinity(0, {core})))
+                                          preexec_fn=lambda core=cores[index % len(cores)]: os.sched_setaffinity(0, {core})))
     print(f"{len(pending)} prompts on {workers} workers (logs: {shard_path(output, 0).replace('.jsonl', '.log')}, ...)")
     try:
         _wait(processes, output, workers, len(pending))
