@@ -299,3 +299,24 @@ def test_core_imports_no_framework():
     code = ("import sys, specforge_outlets.scheduling; "
             "bad = [m for m in ('torch', 'sglang', 'numpy') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def queue_order(requests, policy, config, now):
+    """The reference: the policy's queue, filled in list order and drained at ``now``."""
+    queue = create_request_queue(policy, config)
+    for request in requests:
+        queue.add_request(request)
+    return [queue.pop_request(now) for _ in range(len(requests))]
+
+
+@pytest.mark.parametrize("policy", list(QueuePolicy))
+def test_admission_order_equals_the_queue_it_stands_for(policy):
+    rng = random.Random(11)
+    for trial in range(200):
+        n = rng.randint(0, 60)
+        # coarse arrival times and a few predictions: many exact ties, which the order must break as the queue does
+        requests = [Req(f"{trial}-{i}", float(rng.randint(0, 20)), rng.choice([None, 20.0, 300.0, 900.0, 3000.0]),
+                        rng.choice([0, 0, 50, 400])) for i in range(n)]
+        config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 2.0]), aging_tokens_per_s=rng.choice([0.0, 10.0]))
+        now = rng.uniform(20, 60)
+        assert admission_order(requests, policy, config, now) == queue_order(requests, policy, config, now)

@@ -12,6 +12,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from enum import Enum
+from operator import attrgetter
 from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, is_predicted_long, sjf_sort_key, tail_safe_sort_key
@@ -168,15 +169,45 @@ def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> Reque
 def admission_order(
     requests: Sequence[SchedulableRequest], policy: QueuePolicy, config: SchedulingConfig, now: Optional[float] = None
 ) -> List[SchedulableRequest]:
-    """The order in which a ``policy`` queue holding these requests admits them at time ``now``.
+    """The order in which a ``policy`` queue holding these requests (added in list order) admits them at ``now``.
 
-    For schedulers that keep their waiting requests in a list (SGLang sorts its list every step):
-    the same queue code decides, so a sorted list and a simulated queue agree. ``now`` defaults to
-    the latest arrival.
+    For schedulers that keep their waiting requests in a list (SGLang sorts its list every round):
+    one sort per round instead of a queue rebuilt and drained, with the same result as the queue
+    classes above (tests/test_scheduling.py checks it on random queues, ties included). ``now``
+    defaults to the latest arrival.
     """
-    if now is None:
-        now = max((request.arrival_time for request in requests), default=0.0)
-    queue = create_request_queue(policy, config)
+    if policy is QueuePolicy.FCFS:
+        return list(requests)
+    if policy is QueuePolicy.SJF:  # a stable sort breaks exact ties by list order, as the heap's counter does
+        return sorted(requests, key=lambda r: sjf_sort_key(
+            r.predicted_output_len, r.num_generated_tokens, r.arrival_time, config))
+    if policy is QueuePolicy.TAIL_SAFE:
+        if now is None:
+            now = max((request.arrival_time for request in requests), default=0.0)
+        return _merge_tail_safe_classes(requests, config, now)
+    raise ValueError(f"unknown queue policy: {policy!r}")
+
+
+def _merge_tail_safe_classes(
+    requests: Sequence[SchedulableRequest], config: SchedulingConfig, now: float
+) -> List[SchedulableRequest]:
+    """Each class in arrival order, merged head against head as :class:`TailSafeRequestQueue` pops them."""
+    short: List[SchedulableRequest] = []
+    long: List[SchedulableRequest] = []
     for request in requests:
-        queue.add_request(request)
-    return [queue.pop_request(now) for _ in range(len(requests))]
+        is_long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config)
+        (long if is_long else short).append(request)
+    short.sort(key=attrgetter("arrival_time"))  # stable: equal arrivals keep list order, as the heaps' counter
+    long.sort(key=attrgetter("arrival_time"))
+    order: List[SchedulableRequest] = []
+    i = j = 0
+    while i < len(short) and j < len(long):
+        short_arrival, long_arrival = short[i].arrival_time, long[j].arrival_time
+        age = now - min(long_arrival, short_arrival)
+        if tail_safe_sort_key(True, long_arrival, age, config) < tail_safe_sort_key(False, short_arrival, age, config):
+            order.append(long[j])
+            j += 1
+        else:
+            order.append(short[i])
+            i += 1
+    return order + short[i:] + long[j:]
