@@ -33,6 +33,7 @@ from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features
 from specforge_outlets.data.jsonl import recover_jsonl, write_jsonl
 from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
+from specforge_outlets.data.regenerate_command import side_paths
 from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
@@ -66,7 +67,7 @@ def regenerate(args: argparse.Namespace, source: str, output: str, seed: int) ->
     options = ["--backend", "llama", "--target", args.target, "--max-new-tokens", args.max_new_tokens,
                "--max-response-tokens", args.max_new_tokens, "--concurrency", args.concurrency,
                "--threads", 1 if args.workers > 1 else args.threads, "--seed", seed]  # fmt: skip
-    marker = output.replace(".jsonl", ".summary.json")
+    marker = side_paths(output)["summary"]
     if args.workers > 1 and not os.path.exists(marker):
         regenerate_sharded(source, output, args.workers, [str(option) for option in options])
     step(marker, ["regenerate", *options, "--resume", "--input", source, "--output", output])
@@ -86,15 +87,15 @@ def capture_input(regen: str, split: str) -> str:
     if split != "test":
         return path
     merged = os.path.join(regen, "test.with-censored.jsonl")
-    write_jsonl(merged, recover_jsonl(path) + recover_jsonl(path.replace(".jsonl", ".filtered.jsonl")))
+    write_jsonl(merged, recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"]))
     return merged
 
 
 def write_label_stats(regen: str) -> None:
     """Lengths and censoring per split, the sampling-noise floor: ``PACKED/label_stats.json`` and a figure."""
     def rows(name: str):
-        return recover_jsonl(os.path.join(regen, name)) + recover_jsonl(
-            os.path.join(regen, name.replace(".jsonl", ".filtered.jsonl")))
+        path = os.path.join(regen, name)
+        return recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"])
 
     splits = {name[: -len(".jsonl")]: rows(name) for name in regen_files()}
     noise_ids = {str(row["id"]) for name, split in splits.items() if name.startswith("noise") for row in split}

@@ -161,6 +161,7 @@ def test_sharded_regeneration_answers_each_prompt_once(tmp_path):
 
     append_free_write(output, [answer(prompts[0])])  # answered before
     append_free_write(shard_path(output, 1), [answer(prompts[1])])  # left by an interrupted worker
+    append_free_write(shard_path(output, 0), [answer(prompts[0])])  # merged already, the shard not yet removed
     with StubChatServer() as server:
         regenerate_sharded(str(source), output, 2, [*OPENAI, "--base-url", server.url])
     rows = read_jsonl(output)

@@ -84,6 +84,11 @@ def side_paths(output: str) -> Dict[str, str]:
     return {"filtered": f"{stem}.filtered.jsonl", "summary": f"{stem}.summary.json", "engine_log": f"{stem}.engine.log"}
 
 
+def answered_ids(output: str) -> Set[str]:
+    """Ids already in ``output`` or its filtered file: what ``--resume`` skips."""
+    return {row.get("id") for path in (output, side_paths(output)["filtered"]) for row in recover_jsonl(path)}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.concurrency is None:
         args.concurrency = DEFAULT_CONCURRENCY.get(args.backend, 1)
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and os.path.exists(args.output) and os.path.getsize(args.output) > 0:
         raise OutletsError(f"--output {args.output} exists; pass --resume to continue it, or remove it")
     if args.resume:
-        done = {row.get("id") for row in recover_jsonl(args.output) + recover_jsonl(paths["filtered"])}
+        done = answered_ids(args.output)
     else:
         done = set()
         if os.path.exists(paths["filtered"]):  # left by an earlier run of a removed output

@@ -14,26 +14,22 @@ import random
 import subprocess
 import sys
 import time
-from typing import List, Sequence, Set
+from typing import List, Sequence
 
 from specforge_outlets.data.jsonl import AppendWriter, recover_jsonl, write_jsonl
+from specforge_outlets.data.regenerate_command import answered_ids, side_paths
 from specforge_outlets.errors import OutletsError
 
 # Seconds between progress updates while the workers run.
 POLL_S = 10.0
 
 
-def filtered_path(path: str) -> str:
-    return path.replace(".jsonl", ".filtered.jsonl")
-
-
 def shard_path(output: str, index: int) -> str:
     return output.replace(".jsonl", f".shard{index}.jsonl")
 
 
-def answered_ids(output: str) -> Set[str]:
-    """Ids already in ``output`` or its ``.filtered.jsonl`` (what ``--resume`` skips)."""
-    return {str(row["id"]) for path in (output, filtered_path(output)) for row in recover_jsonl(path)}
+def _shard_input(output: str, index: int) -> str:
+    return shard_path(output, index).replace(".jsonl", ".input.jsonl")
 
 
 def merge_shards(output: str, workers: int) -> int:
@@ -42,14 +38,15 @@ def merge_shards(output: str, workers: int) -> int:
     merged = 0
     for index in range(workers):
         shard = shard_path(output, index)
-        for source, target in ((shard, output), (filtered_path(shard), filtered_path(output))):
-            rows = [row for row in recover_jsonl(source) if str(row["id"]) not in seen]
+        shard_sides = side_paths(shard)
+        for source, target in ((shard, output), (shard_sides["filtered"], side_paths(output)["filtered"])):
+            rows = [row for row in recover_jsonl(source) if row.get("id") not in seen]
             with AppendWriter(target) as writer:
                 for row in rows:
                     writer.write(row)
-            seen.update(str(row["id"]) for row in rows)
+            seen.update(row.get("id") for row in rows)
             merged += len(rows)
-        for leftover in (shard, filtered_path(shard), *(shard.replace(".jsonl", suffix) for suffix in (".input.jsonl", ".summary.json"))):
+        for leftover in (shard, shard_sides["filtered"], shard_sides["summary"], _shard_input(output, index)):
             if os.path.exists(leftover):
                 os.remove(leftover)
     return merged
@@ -71,13 +68,13 @@ def regenerate_sharded(source: str, output: str, workers: int, argv: Sequence[st
         return
     random.Random(seed).shuffle(pending)
     processes: List[subprocess.Popen] = []
+    logs = []
     for index in range(workers):
-        shard_input = shard_path(output, index).replace(".jsonl", ".input.jsonl")
-        write_jsonl(shard_input, pending[index::workers])
-        log = open(shard_path(output, index).replace(".jsonl", ".log"), "a", encoding="utf-8")
+        write_jsonl(_shard_input(output, index), pending[index::workers])
+        logs.append(open(shard_path(output, index).replace(".jsonl", ".log"), "a", encoding="utf-8"))
         command = [sys.executable, "-m", "specforge_outlets.cli", "regenerate", *argv, "--resume",
-                   "--input", shard_input, "--output", shard_path(output, index)]  # fmt: skip
-        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                   "--input", _shard_input(output, index), "--output", shard_path(output, index)]  # fmt: skip
+        processes.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT,
                                           preexec_fn=lambda core=cores[index % len(cores)]: os.sched_setaffinity(0, {core})))
     print(f"{len(pending)} prompts on {workers} workers (logs: {shard_path(output, 0).replace('.jsonl', '.log')}, ...)")
     try:
@@ -88,6 +85,8 @@ def regenerate_sharded(source: str, output: str, workers: int, argv: Sequence[st
                 process.terminate()
         for process in processes:
             process.wait()
+        for log in logs:
+            log.close()
         merge_shards(output, workers)
     failed = [index for index, process in enumerate(processes) if process.returncode != 0]
     if failed:
@@ -102,7 +101,7 @@ def _wait(processes: List[subprocess.Popen], output: str, workers: int, total: i
         while any(process.poll() is None for process in processes):
             time.sleep(POLL_S)
             answered = sum(_count_lines(path) for index in range(workers)
-                           for path in (shard_path(output, index), filtered_path(shard_path(output, index))))
+                           for path in (shard_path(output, index), side_paths(shard_path(output, index))["filtered"]))
             bar.update(answered - bar.n)
 
 

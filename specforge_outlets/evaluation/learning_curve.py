@@ -7,7 +7,7 @@ nested subsets of the train split (``data/feature_subset.py``); a predictor miss
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from specforge_outlets.errors import OutletsError
 
@@ -31,7 +31,7 @@ def curve_points(reports: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def plot_curve(rows: List[Dict[str, Any]], noise_floor: float, path: str) -> str:
+def plot_curve(rows: List[Dict[str, Any]], noise_floor: Optional[float], path: str) -> str:
     """Static MAE (95% interval) against training responses, log-scaled, with the noise floor."""
     import matplotlib
 

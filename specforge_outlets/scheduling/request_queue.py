@@ -135,10 +135,8 @@ class TailSafeRequestQueue(RequestQueue):
     def _next_class(self, now: float) -> List[Tuple[float, int, SchedulableRequest]]:
         if not self._long or not self._short:
             return self._long or self._short
-        long_arrival, short_arrival = self._long[0][0], self._short[0][0]
-        age = now - min(long_arrival, short_arrival)
-        long_key = tail_safe_sort_key(True, long_arrival, age, self._config)
-        return self._long if long_key < tail_safe_sort_key(False, short_arrival, age, self._config) else self._short
+        long_first = _long_head_first(self._long[0][0], self._short[0][0], now, self._config)
+        return self._long if long_first else self._short
 
     def pop_request(self, now: float) -> SchedulableRequest:
         return heapq.heappop(self._next_class(now))[2]
@@ -153,6 +151,15 @@ class TailSafeRequestQueue(RequestQueue):
         """Admission order if everything were admitted now, at the latest arrival."""
         requests = [entry[2] for entry in sorted(self._short + self._long, key=lambda entry: entry[1])]
         return iter(admission_order(requests, QueuePolicy.TAIL_SAFE, self._config))
+
+
+def _long_head_first(long_arrival: float, short_arrival: float, now: float, config: SchedulingConfig) -> bool:
+    """Whether the predicted-long class head is admitted before the short one at ``now``.
+
+    The age of the older head, the oldest waiting request, sets the long class's hold-back.
+    """
+    age = now - min(long_arrival, short_arrival)
+    return tail_safe_sort_key(True, long_arrival, age, config) < tail_safe_sort_key(False, short_arrival, age, config)
 
 
 def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> RequestQueue:
@@ -202,9 +209,7 @@ def _merge_tail_safe_classes(
     order: List[SchedulableRequest] = []
     i = j = 0
     while i < len(short) and j < len(long):
-        short_arrival, long_arrival = short[i].arrival_time, long[j].arrival_time
-        age = now - min(long_arrival, short_arrival)
-        if tail_safe_sort_key(True, long_arrival, age, config) < tail_safe_sort_key(False, short_arrival, age, config):
+        if _long_head_first(long[j].arrival_time, short[i].arrival_time, now, config):
             order.append(long[j])
             j += 1
         else:
