@@ -149,9 +149,6 @@ def check_predictor_only_args(draft_path: str, args: argparse.Namespace) -> None
 # Scheduler: predictions, waiting-queue order, retraction order, PD decode queue
 # --------------------------------------------------------------------------------------------
 
-_order_changes = 0
-
-
 def policy_init_around(original, self, policy, *args, **kwargs):
     outlets = policy == POLICY_NAME
     original(self, "fcfs" if outlets else policy, *args, **kwargs)
@@ -171,13 +168,22 @@ def calc_priority_around(original, self, waiting_queue, *args, **kwargs):
 
 def sort_waiting(waiting_queue, config) -> None:
     """Put SGLang's waiting list in the order the core's queue for ``--outlets-order`` admits it now."""
-    global _order_changes
-    views = [P.QueueView(req) for req in waiting_queue]
-    ordered = [view.req for view in admission_order(views, settings().order, config, now=time.monotonic())]
-    if any(new is not old for new, old in zip(ordered, waiting_queue)):
+    ordered = admission_order(waiting_queue, settings().order, config, now=time.monotonic(),
+                              keys=_order_keys(config))
+    if ordered != waiting_queue:  # list comparison: identity first, at C speed
         waiting_queue[:] = ordered
-        _order_changes += 1
         metrics().order_changes()
+
+
+_cached_order_keys = None
+
+
+def _order_keys(config) -> P.CachedOrderKeys:
+    """One key provider per scheduling config, so that the keys cached on requests stay valid across rounds."""
+    global _cached_order_keys
+    if _cached_order_keys is None or _cached_order_keys.config is not config:
+        _cached_order_keys = P.CachedOrderKeys(config)
+    return _cached_order_keys
 
 
 def add_request_to_queue_before(self, req, *args, **kwargs):

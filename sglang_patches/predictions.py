@@ -7,12 +7,17 @@ and the remaining-length rule come from the shared scheduling core (``specforge_
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
-from specforge_outlets.scheduling import SchedulingConfig, predicted_remaining
+from specforge_outlets.scheduling import (
+    RequestKeys,
+    SchedulingConfig,
+    is_predicted_long,
+    predicted_remaining,
+    sjf_sort_key,
+)
 from sglang_patches.settings import CUSTOM_PARAM_KEY, META_INFO_KEY, parse_prediction
 
 logger = logging.getLogger("sglang_patches")
@@ -20,6 +25,7 @@ logger = logging.getLogger("sglang_patches")
 ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
 ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallback)
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
+ATTR_ORDER_KEYS = "outlets_order_keys"  # (config, tokens generated, SJF key, tail-safe class key): CachedOrderKeys
 
 
 class FallbackCounter:
@@ -57,6 +63,7 @@ def prediction(req) -> Optional[float]:
 
 def set_prediction(req, value: float, source: str) -> None:
     setattr(req, ATTR_PREDICTION, float(value))
+    setattr(req, ATTR_ORDER_KEYS, None)
     setattr(req, ATTR_SOURCE, source)
     info = getattr(req, "customized_info", None)
     if info is None:
@@ -72,11 +79,6 @@ def set_prediction(req, value: float, source: str) -> None:
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
     FALLBACKS.record(getattr(req, "rid", "?"), reason)
     set_prediction(req, config.prior_output_len, "prior")
-
-
-def custom_params_of(req) -> Optional[dict]:
-    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    return params if isinstance(params, dict) else None
 
 
 def external_prediction(sampling_params) -> Optional[float]:
@@ -113,17 +115,30 @@ def remaining(req, config: SchedulingConfig) -> float:
     return predicted_remaining(prediction(req), num_generated(req), config.prior_output_len)
 
 
-class QueueView:
-    """A ``Req`` as the scheduling core reads it (its ``SchedulableRequest`` fields), taken once per sort."""
+class CachedOrderKeys(RequestKeys):
+    """Order keys of SGLang requests, cached on each request while its prediction and output stay the same.
 
-    __slots__ = ("req", "arrival_time", "predicted_output_len", "num_generated_tokens")
+    SGLang re-sorts its waiting list every scheduling round, and a waiting request's keys cannot
+    change (it generates nothing; aging is linear in arrival time), so they are computed once per
+    request instead of once per request per round. :func:`set_prediction` drops the cache; a
+    change of the tokens generated (a retracted request back in the queue) or of the settings is
+    noticed when the keys are read.
+    """
 
-    def __init__(self, req) -> None:
-        self.req = req
-        self.arrival_time = arrival_time(req)
-        self.predicted_output_len = prediction(req)
-        self.num_generated_tokens = num_generated(req)
+    def _keys(self, req) -> tuple:
+        cached = req.__dict__.get(ATTR_ORDER_KEYS)
+        generated = num_generated(req)
+        if cached is not None and cached[0] is self.config and cached[1] == generated:
+            return cached
+        stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
+        arrival, predicted = getattr(req, ATTR_ARRIVAL), prediction(req)
+        cached = (self.config, generated, sjf_sort_key(predicted, generated, arrival, self.config),
+                  (is_predicted_long(predicted, generated, self.config), arrival))
+        setattr(req, ATTR_ORDER_KEYS, cached)
+        return cached
 
+    def sjf(self, req) -> Tuple[float, float]:
+        return self._keys(req)[2]
 
-def usable(value) -> bool:
-    return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    def tail_safe_class(self, req) -> Tuple[bool, float]:
+        return self._keys(req)[3]

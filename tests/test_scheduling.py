@@ -15,6 +15,7 @@ from specforge_outlets.scheduling import (
     LeastRequestsRouter,
     QueuePolicy,
     RankLoad,
+    RequestKeys,
     RoundRobinRouter,
     RoutingPolicy,
     SchedulingConfig,
@@ -24,6 +25,7 @@ from specforge_outlets.scheduling import (
     aging_window_s,
     create_request_queue,
     holdback_window_s,
+    is_predicted_long,
     create_router,
     least_predicted_work_rank,
     predicted_output_budget,
@@ -320,3 +322,74 @@ def test_admission_order_equals_the_queue_it_stands_for(policy):
         config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 2.0]), aging_tokens_per_s=rng.choice([0.0, 10.0]))
         now = rng.uniform(20, 60)
         assert admission_order(requests, policy, config, now) == queue_order(requests, policy, config, now)
+
+
+def reference_admission_order(requests, policy, config, now):
+    """The admission order as first written (every key from the fields, a head-against-head merge), kept as the reference."""
+    if policy is QueuePolicy.FCFS:
+        return list(requests)
+    if policy is QueuePolicy.SJF:
+        return sorted(requests, key=lambda r: sjf_sort_key(
+            r.predicted_output_len, r.num_generated_tokens, r.arrival_time, config))
+    short = sorted((r for r in requests if not is_predicted_long(r.predicted_output_len, r.num_generated_tokens, config)),
+                   key=lambda r: r.arrival_time)
+    long = sorted((r for r in requests if is_predicted_long(r.predicted_output_len, r.num_generated_tokens, config)),
+                  key=lambda r: r.arrival_time)
+    order, i, j = [], 0, 0
+    while i < len(short) and j < len(long):
+        age = now - min(long[j].arrival_time, short[i].arrival_time)
+        if tail_safe_sort_key(True, long[j].arrival_time, age, config) < tail_safe_sort_key(
+                False, short[i].arrival_time, age, config):
+            order.append(long[j])
+            j += 1
+        else:
+            order.append(short[i])
+            i += 1
+    return order + short[i:] + long[j:]
+
+
+@pytest.mark.parametrize("policy", list(QueuePolicy))
+def test_admission_order_equals_the_reference_on_large_queues(policy):
+    rng = random.Random(5)
+    for trial in range(60):
+        n = rng.choice([1, 2, 300, 1000])
+        long_share = rng.choice([0.0, 0.02, 0.3, 0.9, 1.0])
+        requests = [Req(f"{trial}-{i}", round(rng.uniform(0, 100), rng.choice([0, 1, 6])),
+                        rng.choice([None, rng.uniform(900, 4000) if rng.random() < long_share else rng.uniform(1, 700)]),
+                        rng.choice([0, 0, 30])) for i in range(n)]
+        config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 1.0, 2.0]),
+                           aging_tokens_per_s=rng.choice([0.0, 10.0]))
+        latest = max(r.arrival_time for r in requests)
+        now = rng.choice([latest, latest + rng.uniform(0, 300)])
+        expected = reference_admission_order(requests, policy, config, now)
+        assert admission_order(requests, policy, config, now) == expected, trial
+
+
+def test_tail_safe_order_takes_now_as_at_least_the_latest_arrival():
+    config = tail_safe(long_holdback=0.5)
+    requests = [Req("long", 0.0, 5000.0), Req("short", 10.0, 20.0)]
+    assert admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=3.0) == \
+        admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=10.0) == \
+        admission_order(requests, QueuePolicy.TAIL_SAFE, config)
+
+
+class CountingKeys(RequestKeys):
+    """Counts the key reads of an order, to show what the merge costs."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.reads = 0
+
+    def tail_safe_class(self, request):
+        self.reads += 1
+        return super().tail_safe_class(request)
+
+
+def test_tail_safe_merge_reads_a_few_keys_per_long_request_not_per_queue():
+    config = tail_safe()
+    requests = [Req(str(i), float(i), 3000.0 if i % 100 == 0 else 50.0) for i in range(2000)]
+    keys = CountingKeys(config)
+    order = admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=3000.0, keys=keys)
+    assert order == reference_admission_order(requests, QueuePolicy.TAIL_SAFE, config, 3000.0)
+    sort_reads = len(requests)
+    assert keys.reads - sort_reads < 20 * 14  # 20 long requests, one binary search (about log2 2000 reads) each

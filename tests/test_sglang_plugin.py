@@ -8,9 +8,12 @@ classes or on stand-in requests.
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
@@ -20,7 +23,7 @@ STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness
 if STUBS not in sys.path:
     sys.path.insert(0, STUBS)
 
-from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, aging_window_s  # noqa: E402
+from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
 from sglang_patches import hooks, predictions as P, routing  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
@@ -189,6 +192,61 @@ def test_outlets_policy_sjf_sorts_by_predicted_remaining_with_ties_by_arrival(pl
     policy.calc_priority(queue)
     # e: 50 left; d and b: 20 (d arrived first); c: the prior (256); a: 300
     assert [r.rid for r in queue] == ["d", "b", "e", "c", "a"]
+
+
+@dataclass
+class FreshView:
+    """A request's ordering fields read afresh: the reference for the plugin's cached keys."""
+
+    rid: str
+    arrival_time: float
+    predicted_output_len: Optional[float]
+    num_generated_tokens: int
+
+
+@pytest.mark.parametrize("order", ["sjf", "tail-safe"])
+def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order):
+    """Keys cached on requests across rounds never go stale: new arrivals, admissions, late predictions, retractions."""
+    monkeypatch.setenv(ENV_ORDER, order)
+    monkeypatch.setenv(ENV_LONG_HOLDBACK, "0.3")
+    hooks._settings = None
+    config = hooks.settings().scheduling
+    rng = random.Random(7)
+    clock = [1000.0]
+    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    queue, count = [], 0
+    for _ in range(60):
+        clock[0] += rng.uniform(0, 2)
+        for _ in range(rng.randint(0, 25)):  # arrivals, with or without an external prediction
+            count += 1
+            queue.append(request(str(count), rng.choice([None, rng.uniform(1, 700), rng.uniform(800, 4000)]),
+                                 arrival=round(clock[0] - rng.uniform(0, 3), 1)))
+        for req in rng.sample(queue, k=min(4, len(queue))):
+            if rng.random() < 0.5:  # a prediction arrives while the request waits
+                P.set_prediction(req, rng.uniform(1, 3000), "draft")
+            else:  # retracted: back in the queue with more tokens generated
+                req.output_ids.extend([0] * rng.randint(1, 900))
+        fresh = [FreshView(r.rid, r.outlets_arrival_time, P.prediction(r), len(r.output_ids)) for r in queue]
+        expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
+        hooks.sort_waiting(queue, config)
+        assert [r.rid for r in queue] == expected
+        del queue[:rng.randint(0, 10)]  # admitted
+
+
+def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monkeypatch):
+    monkeypatch.setenv(ENV_ORDER, "sjf")
+    monkeypatch.setenv(ENV_AGING, "0")
+    hooks._settings = None
+    config = hooks.settings().scheduling
+    calls = []
+    real = P.sjf_sort_key
+    monkeypatch.setattr(P, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
+    queue = [request(str(i), float(1000 - i), arrival=float(i)) for i in range(200)]
+    hooks.sort_waiting(queue, config)
+    assert len(calls) == 200
+    queue.append(request("new", 5.0, arrival=300.0))
+    hooks.sort_waiting(queue, config)
+    assert len(calls) == 201 and queue[0].rid == "new"
 
 
 def test_stock_policies_are_untouched(plugins_loaded):

@@ -24,6 +24,7 @@ from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN, predicted_
 from specforge_outlets.scheduling.request_queue import (
     FCFSRequestQueue,
     QueuePolicy,
+    RequestKeys,
     RequestQueue,
     SJFRequestQueue,
     TailSafeRequestQueue,
@@ -62,6 +63,7 @@ __all__ = [
     "predicted_output_budget",
     "FCFSRequestQueue",
     "QueuePolicy",
+    "RequestKeys",
     "RequestQueue",
     "SJFRequestQueue",
     "TailSafeRequestQueue",

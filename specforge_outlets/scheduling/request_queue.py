@@ -7,12 +7,12 @@ policy and a factory. Requests are any objects with the attributes of :class:`Sc
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from enum import Enum
-from operator import attrgetter
 from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, is_predicted_long, sjf_sort_key, tail_safe_sort_key
@@ -173,46 +173,86 @@ def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> Reque
     raise ValueError(f"unknown queue policy: {policy!r}")
 
 
+class RequestKeys:
+    """What an admission order reads from a request: its SJF key and its tail-safe class key.
+
+    This provider computes both from the request's fields at every call. Neither changes while a
+    request waits, so a scheduler that re-sorts the same waiting list every round (SGLang) gives
+    :func:`admission_order` a provider that caches them on its requests instead.
+    """
+
+    def __init__(self, config: SchedulingConfig) -> None:
+        self.config = config
+
+    def sjf(self, request: SchedulableRequest) -> Tuple[float, float]:
+        """:func:`sjf_sort_key` of the request."""
+        return sjf_sort_key(
+            request.predicted_output_len, request.num_generated_tokens, request.arrival_time, self.config)
+
+    def tail_safe_class(self, request: SchedulableRequest) -> Tuple[bool, float]:
+        """(predicted long, arrival time): ascending puts the short class first, each class in arrival order."""
+        long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, self.config)
+        return long, request.arrival_time
+
+
 def admission_order(
-    requests: Sequence[SchedulableRequest], policy: QueuePolicy, config: SchedulingConfig, now: Optional[float] = None
+    requests: Sequence[SchedulableRequest], policy: QueuePolicy, config: SchedulingConfig,
+    now: Optional[float] = None, keys: Optional[RequestKeys] = None,
 ) -> List[SchedulableRequest]:
     """The order in which a ``policy`` queue holding these requests (added in list order) admits them at ``now``.
 
     For schedulers that keep their waiting requests in a list (SGLang sorts its list every round):
     one sort per round instead of a queue rebuilt and drained, with the same result as the queue
     classes above (tests/test_scheduling.py checks it on random queues, ties included). ``now``
-    defaults to the latest arrival.
+    defaults to, and is at least, the latest arrival. ``keys`` (built for ``config``) reads the
+    requests; by default from their :class:`SchedulableRequest` fields.
     """
+    keys = RequestKeys(config) if keys is None else keys
+    assert keys.config is config, "the key provider must be built for this config"
     if policy is QueuePolicy.FCFS:
         return list(requests)
     if policy is QueuePolicy.SJF:  # a stable sort breaks exact ties by list order, as the heap's counter does
-        return sorted(requests, key=lambda r: sjf_sort_key(
-            r.predicted_output_len, r.num_generated_tokens, r.arrival_time, config))
+        return sorted(requests, key=keys.sjf)
     if policy is QueuePolicy.TAIL_SAFE:
-        if now is None:
-            now = max((request.arrival_time for request in requests), default=0.0)
-        return _merge_tail_safe_classes(requests, config, now)
+        return _merge_tail_safe_classes(sorted(requests, key=keys.tail_safe_class), keys, now)
     raise ValueError(f"unknown queue policy: {policy!r}")
 
 
 def _merge_tail_safe_classes(
-    requests: Sequence[SchedulableRequest], config: SchedulingConfig, now: float
+    by_class: List[SchedulableRequest], keys: RequestKeys, now: Optional[float]
 ) -> List[SchedulableRequest]:
-    """Each class in arrival order, merged head against head as :class:`TailSafeRequestQueue` pops them."""
-    short: List[SchedulableRequest] = []
-    long: List[SchedulableRequest] = []
-    for request in requests:
-        is_long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config)
-        (long if is_long else short).append(request)
-    short.sort(key=attrgetter("arrival_time"))  # stable: equal arrivals keep list order, as the heaps' counter
-    long.sort(key=attrgetter("arrival_time"))
+    """The two classes merged head against head, as :class:`TailSafeRequestQueue` pops them.
+
+    ``by_class`` is the short class then the long class, each in arrival order (equal arrivals in
+    list order, as the heaps' counter). Whether the long head goes before a short head is monotone
+    in the short head's arrival (never while the short one is older; from a threshold on when it is
+    younger), so each predicted-long request's place among the short ones is one binary search
+    from the previous one's place: the cost grows with the long class, not with the queue.
+    """
+    def is_long(request: SchedulableRequest) -> bool:
+        return keys.tail_safe_class(request)[0]
+
+    def arrival(request: SchedulableRequest) -> float:
+        return keys.tail_safe_class(request)[1]
+
+    config = keys.config
+    num_short = bisect.bisect_left(by_class, True, key=is_long)
+    if num_short in (0, len(by_class)):
+        return by_class
+    # No request can arrive after the time it is admitted at: now is at least the latest arrival.
+    latest = max(arrival(by_class[num_short - 1]), arrival(by_class[-1]))
+    now = latest if now is None else max(now, latest)
     order: List[SchedulableRequest] = []
-    i = j = 0
-    while i < len(short) and j < len(long):
-        if _long_head_first(long[j].arrival_time, short[i].arrival_time, now, config):
-            order.append(long[j])
-            j += 1
-        else:
-            order.append(short[i])
-            i += 1
-    return order + short[i:] + long[j:]
+    placed = 0  # short requests already in the order
+    for j in range(num_short, len(by_class)):
+        long_arrival = arrival(by_class[j])
+        # The long head goes first iff (T, a_long) < (a_short, a_short): a_short > T, or a_short == T > a_long.
+        threshold = tail_safe_sort_key(True, long_arrival, now - long_arrival, config)[0]
+        search = bisect.bisect_left if threshold > long_arrival else bisect.bisect_right
+        before = search(by_class, threshold, placed, num_short, key=arrival)
+        order += by_class[placed:before]
+        order.append(by_class[j])
+        placed = before
+        if placed == num_short:  # every short request is placed: the rest of the long class follows
+            return order + by_class[j + 1:]
+    return order + by_class[placed:num_short]
