@@ -13,7 +13,6 @@ predicted outstanding work, through SGLang's own load-snapshot path.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 
@@ -123,6 +122,10 @@ class OutletsBudget:
     snapshot taken before a burst reached the rank does not make the burst's requests vanish
     (SGLang's own budget resets to the snapshot). An in-flight entry older than ``pending_ttl_s``
     is dropped (a request the scheduler never counted, e.g. rejected on arrival).
+
+    Each rank's load is kept current as requests are dispatched and snapshots arrive, so a
+    dispatch costs one comparison per rank, as SGLang's ``total_tokens`` does, however many
+    requests are in flight.
     """
 
     def __init__(self, num_ranks: int, prior_output_len: float, pending_ttl_s: float = 5.0) -> None:
@@ -133,17 +136,23 @@ class OutletsBudget:
         self.sent = [0] * num_ranks
         self.seen = [0] * num_ranks
         self.pending = [deque() for _ in range(num_ranks)]  # (sequence number, work, time)
+        self._loads = list(self.base)  # base + pending, per rank
 
     @property
     def loads(self):
-        now = time.monotonic()
-        loads = []
-        for rank, base in enumerate(self.base):
-            queue = self.pending[rank]
-            while queue and (queue[0][0] <= self.seen[rank] or now - queue[0][2] > self.pending_ttl_s):
-                queue.popleft()
-            loads.append(RankLoad(base.num_requests + len(queue), base.predicted_work + sum(e[1] for e in queue)))
-        return loads
+        self._expire(time.monotonic())
+        return list(self._loads)
+
+    def _expire(self, now: float) -> None:
+        for rank, queue in enumerate(self.pending):
+            if queue and (queue[0][0] <= self.seen[rank] or now - queue[0][2] > self.pending_ttl_s):
+                while queue and (queue[0][0] <= self.seen[rank] or now - queue[0][2] > self.pending_ttl_s):
+                    queue.popleft()
+                self._recount(rank)
+
+    def _recount(self, rank: int) -> None:
+        base, queue = self.base[rank], self.pending[rank]
+        self._loads[rank] = RankLoad(base.num_requests + len(queue), base.predicted_work + sum(e[1] for e in queue))
 
     def update(self, snapshots) -> None:
         for snapshot in snapshots:
@@ -160,14 +169,21 @@ class OutletsBudget:
             received = getattr(snapshot, "outlets_received_requests", None)
             # without the counter, everything dispatched so far counts as seen (SGLang's behaviour)
             self.seen[rank] = self.sent[rank] if received is None else int(received)
+            self._recount(rank)
+        self._expire(time.monotonic())
 
     def choose(self, predicted_output_len, active=None) -> int:
-        loads = self.loads
-        ranks = list(range(len(loads))) if active is None else list(active)
-        best = ranks[least_predicted_work_rank([loads[rank] for rank in ranks])]
+        loads = self._loads
+        if active is None or len(active) == len(loads):  # SGLang lists every rank while all are up
+            best = least_predicted_work_rank(loads)
+        else:
+            ranks = list(active)
+            best = ranks[least_predicted_work_rank([loads[rank] for rank in ranks])]
+        work = predicted_remaining(predicted_output_len, 0, self.prior)
         self.sent[best] += 1
-        self.pending[best].append(
-            (self.sent[best], predicted_remaining(predicted_output_len, 0, self.prior), time.monotonic()))
+        self.pending[best].append((self.sent[best], work, time.monotonic()))
+        load = loads[best]
+        loads[best] = RankLoad(load.num_requests + 1, load.predicted_work + work)
         return best
 
 
@@ -200,11 +216,7 @@ def controller_init_after(result, self, *args, **kwargs):
             predicted = P.external_prediction(getattr(req, "sampling_params", None))
         except (TypeError, ValueError):
             predicted = None  # the scheduler records the fallback
-        active = getattr(self, "_active_workers", None)
-        rank = self.outlets_budget.choose(predicted, active=active if active else None)
-        logger.debug("OUTLETS route %s -> rank %d (predicted %s)", getattr(req, "rid", "?"), rank, predicted)
-        if os.environ.get("OUTLETS_DEBUG_ROUTING"):
-            logger.warning("OUTLETS route -> %d loads=%s seen=%s sent=%s", rank, self.outlets_budget.loads, self.outlets_budget.seen, self.outlets_budget.sent)
+        rank = self.outlets_budget.choose(predicted, active=getattr(self, "_active_workers", None) or None)
         sock_send(self.workers[rank], req)
 
     self.refresh_load_budget = refresh_load_budget

@@ -360,6 +360,25 @@ def test_in_flight_requests_expire():
     assert budget.loads[0].predicted_work == 0.0
 
 
+def test_budget_kept_current_equals_the_full_sum_over_random_dispatches_and_snapshots():
+    rng = random.Random(2)
+    budget = routing.OutletsBudget(4, prior_output_len=256.0, pending_ttl_s=1e9)
+    for step in range(3000):
+        if rng.random() < 0.9:
+            budget.choose(rng.choice([None, rng.uniform(1, 3000)]), active=rng.choice([None, [0, 1, 2, 3], [1, 3]]))
+        else:
+            rank = rng.randrange(4)
+            received = rng.randint(budget.seen[rank], budget.sent[rank])
+            budget.update([SimpleNamespace(dp_rank=rank, timestamp=float(step), outlets_predicted_work=rng.uniform(0, 1e5),
+                                           outlets_num_requests=rng.randint(0, 300), outlets_received_requests=received)])
+        full = [routing.RankLoad(base.num_requests + sum(1 for e in queue if e[0] > seen),
+                                 base.predicted_work + sum(e[1] for e in queue if e[0] > seen))
+                for base, queue, seen in zip(budget.base, budget.pending, budget.seen)]
+        for kept, summed in zip(budget.loads, full):
+            assert kept.num_requests == summed.num_requests
+            assert kept.predicted_work == pytest.approx(summed.predicted_work, rel=1e-9, abs=1e-6)
+
+
 def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded):
     from sglang.srt.managers.data_parallel_controller import LoadBalanceMethod
 
