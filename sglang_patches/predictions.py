@@ -25,7 +25,8 @@ logger = logging.getLogger("sglang_patches")
 ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
 ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallback)
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
-ATTR_ORDER_KEYS = "outlets_order_keys"  # (config, tokens generated, SJF key, tail-safe class key): CachedOrderKeys
+# (config, tokens generated, SJF key, tail-safe class key, predicted remaining): CachedOrderKeys, read by name there
+ATTR_ORDER_KEYS = "outlets_order_keys"
 
 
 class FallbackCounter:
@@ -112,6 +113,10 @@ def num_generated(req) -> int:
 
 
 def remaining(req, config: SchedulingConfig) -> float:
+    """Predicted remaining output tokens; read from the order keys' cache while the request waits."""
+    cached = getattr(req, ATTR_ORDER_KEYS, None)
+    if cached is not None and cached[0] is config and cached[1] == len(req.output_ids):
+        return cached[4]
     return predicted_remaining(prediction(req), num_generated(req), config.prior_output_len)
 
 
@@ -125,20 +130,29 @@ class CachedOrderKeys(RequestKeys):
     noticed when the keys are read.
     """
 
-    def _keys(self, req) -> tuple:
-        cached = req.__dict__.get(ATTR_ORDER_KEYS)
-        generated = num_generated(req)
-        if cached is not None and cached[0] is self.config and cached[1] == generated:
-            return cached
-        stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
-        arrival, predicted = getattr(req, ATTR_ARRIVAL), prediction(req)
-        cached = (self.config, generated, sjf_sort_key(predicted, generated, arrival, self.config),
-                  (is_predicted_long(predicted, generated, self.config), arrival))
-        setattr(req, ATTR_ORDER_KEYS, cached)
-        return cached
-
     def sjf(self, req) -> Tuple[float, float]:
-        return self._keys(req)[2]
+        try:  # inlined in both readers, which run per request per round; a plain attribute read is the fastest
+            cached = req.outlets_order_keys
+        except AttributeError:
+            cached = None
+        if cached is None or cached[0] is not self.config or cached[1] != len(req.output_ids):
+            cached = self._recompute(req)
+        return cached[2]
 
     def tail_safe_class(self, req) -> Tuple[bool, float]:
-        return self._keys(req)[3]
+        try:
+            cached = req.outlets_order_keys
+        except AttributeError:
+            cached = None
+        if cached is None or cached[0] is not self.config or cached[1] != len(req.output_ids):
+            cached = self._recompute(req)
+        return cached[3]
+
+    def _recompute(self, req) -> tuple:
+        stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
+        arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), len(req.output_ids)
+        cached = (self.config, generated, sjf_sort_key(predicted, generated, arrival, self.config),
+                  (is_predicted_long(predicted, generated, self.config), arrival),
+                  predicted_remaining(predicted, generated, self.config.prior_output_len))
+        setattr(req, ATTR_ORDER_KEYS, cached)
+        return cached

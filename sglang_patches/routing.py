@@ -65,13 +65,10 @@ def rank_requests(inquirer):
         except Exception:
             continue
     chunked = inquirer.get_chunked_req()
-    seen, requests = set(), []
-    for queue in queues + ([[chunked]] if chunked is not None else []):
-        for req in queue:
-            if id(req) not in seen and req is not None:
-                seen.add(id(req))
-                requests.append(req)
-    return requests
+    if chunked is not None:
+        queues.append([chunked])
+    # a request can be in two of these at once (the chunked one also in the batch): count it once
+    return list({id(req): req for queue in queues for req in queue if req is not None}.values())
 
 
 def get_loads_around(original, self):
@@ -207,17 +204,17 @@ def controller_init_after(result, self, *args, **kwargs):
         self.dp_budget.update_budget(snapshots)
         self.outlets_budget.update(snapshots)
 
+    from sglang.srt.managers import data_parallel_controller  # once, not per dispatch
+
     def outlets_scheduler(req):
         if self.maybe_external_dp_rank_routing(req):
             return
-        from sglang.srt.managers.data_parallel_controller import sock_send
-
         try:
             predicted = P.external_prediction(getattr(req, "sampling_params", None))
         except (TypeError, ValueError):
             predicted = None  # the scheduler records the fallback
         rank = self.outlets_budget.choose(predicted, active=getattr(self, "_active_workers", None) or None)
-        sock_send(self.workers[rank], req)
+        data_parallel_controller.sock_send(self.workers[rank], req)
 
     self.refresh_load_budget = refresh_load_budget
     self.dispatching = outlets_scheduler

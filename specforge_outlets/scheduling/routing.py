@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import predicted_remaining
 
@@ -25,9 +24,8 @@ class RoutingPolicy(Enum):
     LEAST_PREDICTED_WORK = "least-predicted-work"
 
 
-@dataclass(frozen=True)
-class RankLoad:
-    """What a router knows about one rank when it dispatches a request."""
+class RankLoad(NamedTuple):
+    """What a router knows about one rank when it dispatches a request (a tuple: made at every dispatch)."""
 
     num_requests: int  # running + waiting
     predicted_work: float  # predicted remaining output tokens of running + waiting requests
