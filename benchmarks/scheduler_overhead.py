@@ -45,6 +45,7 @@ RUNNING_PER_RANK = 256
 SNAPSHOT_WAITING = (0, 1000, 4000)
 PROMPT_LENS = (64, 256, 1024)
 CHURN = 0.01  # share of the queue admitted and arriving between two rounds
+ARRIVAL_RATE = 50.0  # requests per second into the stand-in queue
 ROUNDS = 20  # steady rounds per repetition
 REPETITIONS = 7
 DISPATCHES = 2000  # per repetition
@@ -57,19 +58,25 @@ DEFAULT_DRAFT = os.path.join(REPO, "runs", "bench-sharegpt", "draft-outlets")
 
 
 class RequestFactory:
-    """Requests as they reach SGLang's waiting list: arrival order, ShareGPT-like lengths, 10% predicted long."""
+    """Requests as they reach SGLang's waiting list: arrival order, ShareGPT-like lengths, 10% predicted long.
 
-    def __init__(self, seed: int) -> None:
+    Arrivals come at ``ARRIVAL_RATE`` per second and the first ``backlog`` ones end now, as in a
+    saturated server whose queue grew to that size; each later batch arrives after the last one, so
+    "now" of a round is its latest arrival. The tail-safe order's work depends on these ages: the
+    long class's hold-back is a share of the time waited.
+    """
+
+    def __init__(self, seed: int, backlog: int) -> None:
         self.rng = random.Random(seed)
         self.count = 0
-        self.clock = time.monotonic() - 600.0
+        self.clock = time.monotonic() - backlog / ARRIVAL_RATE
 
     def make(self):
         from sglang_patches import predictions as P
 
         rng = self.rng
         self.count += 1
-        self.clock += rng.expovariate(50.0)
+        self.clock += rng.expovariate(ARRIVAL_RATE)
         output_len = min(int(rng.lognormvariate(5.3, 1.0)) + 1, 4096)
         predicted = output_len * rng.lognormvariate(0.0, 0.4)
         req = SimpleNamespace(
@@ -130,7 +137,7 @@ def measure_ordering(sizes, repetitions: int) -> List[dict]:
         first: Dict[str, List[float]] = {name: [] for name in policies}
         for repetition in range(repetitions):
             for name, sort in policies.items():  # interleaved: every policy sees the same machine state
-                factory = RequestFactory(seed=repetition)
+                factory = RequestFactory(seed=repetition, backlog=n)
                 queue = factory.queue(n)
                 start = time.perf_counter()
                 sort(queue)
@@ -233,7 +240,7 @@ def measure_snapshot(waiting_sizes, repetitions: int) -> List[dict]:
     hooks.load_balance_is_outlets = lambda: True
     rows = []
     for waiting in waiting_sizes:
-        factory = RequestFactory(seed=3)
+        factory = RequestFactory(seed=3, backlog=RUNNING_PER_RANK + waiting)
         running = factory.queue(RUNNING_PER_RANK)
         for req in running:
             req.output_ids.extend([0] * factory.rng.randint(1, 300))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional, Tuple
+from operator import attrgetter
+from typing import List, Optional, Tuple
 
 from specforge_outlets.scheduling import (
     RequestKeys,
@@ -27,6 +28,7 @@ ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallb
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
 # (config, tokens generated, SJF key, tail-safe class key, predicted remaining): CachedOrderKeys, read by name there
 ATTR_ORDER_KEYS = "outlets_order_keys"
+_read_arrival = attrgetter(ATTR_ARRIVAL)
 
 
 class FallbackCounter:
@@ -147,6 +149,10 @@ class CachedOrderKeys(RequestKeys):
         if cached is None or cached[0] is not self.config or cached[1] != len(req.output_ids):
             cached = self._recompute(req)
         return cached[3]
+
+    def arrivals(self, reqs) -> List[float]:
+        # the stamp the cached class key holds: set once (stamp_arrival), read by attribute at C speed
+        return list(map(_read_arrival, reqs))
 
     def _recompute(self, req) -> tuple:
         stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here

@@ -10,9 +10,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import operator
 from abc import ABC, abstractmethod
 from collections import deque
 from enum import Enum
+from operator import attrgetter
 from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, is_predicted_long, sjf_sort_key, tail_safe_sort_key
@@ -194,6 +196,10 @@ class RequestKeys:
         long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, self.config)
         return long, request.arrival_time
 
+    def arrivals(self, requests: Sequence[SchedulableRequest]) -> List[float]:
+        """The arrival times of requests whose :meth:`tail_safe_class` was just read, as that read them."""
+        return list(map(attrgetter("arrival_time"), requests))
+
 
 def admission_order(
     requests: Sequence[SchedulableRequest], policy: QueuePolicy, config: SchedulingConfig,
@@ -226,33 +232,33 @@ def _merge_tail_safe_classes(
     ``by_class`` is the short class then the long class, each in arrival order (equal arrivals in
     list order, as the heaps' counter). Whether the long head goes before a short head is monotone
     in the short head's arrival (never while the short one is older; from a threshold on when it is
-    younger), so each predicted-long request's place among the short ones is one binary search
-    from the previous one's place: the cost grows with the long class, not with the queue.
+    younger), so each predicted-long request's place among the short ones is a binary search over
+    the short class's arrival times, read in one pass by ``keys.arrivals``. This runs every round:
+    past the sort, the per-request work is list built-ins, and Python code runs per long request.
     """
     def is_long(request: SchedulableRequest) -> bool:
         return keys.tail_safe_class(request)[0]
-
-    def arrival(request: SchedulableRequest) -> float:
-        return keys.tail_safe_class(request)[1]
 
     config = keys.config
     num_short = bisect.bisect_left(by_class, True, key=is_long)
     if num_short in (0, len(by_class)):
         return by_class
+    short_arrivals = keys.arrivals(by_class[:num_short])
+    long_requests = by_class[num_short:]
+    long_arrivals = keys.arrivals(long_requests)
     # No request can arrive after the time it is admitted at: now is at least the latest arrival.
-    latest = max(arrival(by_class[num_short - 1]), arrival(by_class[-1]))
+    latest = max(short_arrivals[-1], long_arrivals[-1])
     now = latest if now is None else max(now, latest)
+    # The long head goes first iff (T, a_long) < (a_short, a_short): a_short > T, or a_short == T > a_long;
+    # so the short requests ahead of it are those arrived before T (at T too, when T == a_long: no hold-back).
+    thresholds = [tail_safe_sort_key(True, arrival, now - arrival, config)[0] for arrival in long_arrivals]
+    ahead = list(map(bisect.bisect_left, itertools.repeat(short_arrivals), thresholds))
+    for j in itertools.compress(range(len(ahead)), map(operator.eq, thresholds, long_arrivals)):
+        ahead[j] = bisect.bisect_right(short_arrivals, thresholds[j])
     order: List[SchedulableRequest] = []
-    placed = 0  # short requests already in the order
-    for j in range(num_short, len(by_class)):
-        long_arrival = arrival(by_class[j])
-        # The long head goes first iff (T, a_long) < (a_short, a_short): a_short > T, or a_short == T > a_long.
-        threshold = tail_safe_sort_key(True, long_arrival, now - long_arrival, config)[0]
-        search = bisect.bisect_left if threshold > long_arrival else bisect.bisect_right
-        before = search(by_class, threshold, placed, num_short, key=arrival)
-        order += by_class[placed:before]
-        order.append(by_class[j])
-        placed = before
-        if placed == num_short:  # every short request is placed: the rest of the long class follows
-            return order + by_class[j + 1:]
+    placed = 0  # short requests already in the order; a merge never moves back (hence the running maximum)
+    for request, place in zip(long_requests, itertools.accumulate(ahead, max)):
+        order += by_class[placed:place]
+        order.append(request)
+        placed = place
     return order + by_class[placed:num_short]

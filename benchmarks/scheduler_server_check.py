@@ -1,0 +1,112 @@
+"""Scheduling-round time of a real SGLang server with a long queue, with and without ``--schedule-policy outlets`` (issue 16).
+
+``benchmarks/scheduler_overhead.py`` times the plugin's functions in isolation; this checks the
+whole scheduler loop. A real CPU server (SGLang 0.5.23, the test suite's tiny random Llama, so that
+the model's forward is short and the scheduler's own work shows) gets one batch request of
+``--requests`` prompts at once, each generating one token, with ``--max-prefill-tokens`` so small
+that a round admits one to three prompts: the waiting queue starts near ``--requests`` and drains
+over thousands of rounds. Rounds are counted from the scheduler's log lines and timed by the
+server's response stamps (``response_sent_to_client_ts``). Reported per policy: the mean round time
+while at least ``--min-queue`` requests were waiting, and over the whole drain. Every request carries a predicted length
+(``custom_params``), which stock policies ignore.
+
+    .venv-serve/bin/python benchmarks/scheduler_server_check.py --output benchmarks/data/scheduler-overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tests.data_fixtures import make_chat_target  # noqa: E402
+from tests.sglang_harness.server import SGLangServer  # noqa: E402
+
+POLICIES: Dict[str, List[str]] = {
+    "fcfs": ["--schedule-policy", "fcfs"],
+    "lof": ["--schedule-policy", "lof"],
+    "outlets tail-safe": ["--schedule-policy", "outlets"],
+    "outlets sjf": ["--schedule-policy", "outlets", "--outlets-order", "sjf"],
+}
+SERVER_ARGS = ["--max-prefill-tokens", "64", "--chunked-prefill-size", "64", "--max-running-requests", "4",
+               "--disable-radix-cache", "--max-total-tokens", "8192"]
+
+
+def drain(server: SGLangServer, requests: int, seed: int) -> List[float]:
+    """Send ``requests`` one-token prompts in one batch; their server-side finish stamps, sorted."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(["hello", "world", "quick", "brown", "fox"]) for _ in range(rng.randint(8, 24)))
+             for _ in range(requests)]
+    params = [{"max_new_tokens": 1, "ignore_eos": True, "temperature": 0,
+               "custom_params": {"outlets_predicted_output_len": round(rng.lognormvariate(5.3, 1.0), 1)}}
+              for _ in range(requests)]
+    responses = server.post("/generate", {"text": texts, "sampling_params": params}, timeout=1800)
+    stamps = [response["meta_info"].get("response_sent_to_client_ts") for response in responses]
+    if any(stamp is None for stamp in stamps):
+        raise RuntimeError("the server's responses carry no response_sent_to_client_ts")
+    return sorted(stamps)
+
+
+def round_times(stamps: List[float], queue_lengths: List[int], requests: int, min_queue: int) -> Dict[str, float]:
+    """Mean round time over the drain and while at least ``min_queue`` requests waited.
+
+    A round's prefill batch can hold pieces of several prompts, so rounds are counted from the
+    scheduler's own "Prefill batch" log lines (which print the waiting queue after admission) and
+    timed by the server's finish stamps: while the queue held ``min_queue`` or more, about
+    ``requests - min_queue`` requests finished.
+    """
+    long_rounds = sum(1 for length in queue_lengths if length >= min_queue)
+    long_window = stamps[requests - min_queue - 1] - stamps[0]
+    return {"rounds": len(queue_lengths), "longest queue": max(queue_lengths), "rounds at long queue": long_rounds,
+            "ms per round at long queue": 1e3 * long_window / long_rounds if long_rounds else float("nan"),
+            "ms per round overall": 1e3 * (stamps[-1] - stamps[0]) / len(queue_lengths),
+            "drain s": stamps[-1] - stamps[0]}
+
+
+def queue_lengths(log_text: str) -> List[int]:
+    return [int(match) for match in re.findall(r"Prefill batch.*?#queue-req: (\d+)", log_text)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", default=os.path.join(REPO, "benchmarks", "data", "scheduler-overhead"))
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--min-queue", type=int, default=2000)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="outlets-server-check-")
+    target = make_chat_target(os.path.join(work, "target"))
+    rows = []
+    for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
+        for name in args.policies:
+            log = os.path.join(work, f"{name.replace(' ', '-')}-{repetition}.log")
+            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log) as server:
+                server.generate("warm up", max_new_tokens=1)
+                before = len(server.log_text())
+                stamps = drain(server, args.requests, seed=repetition)
+                lengths = queue_lengths(server.log_text()[before:])
+            row = {"policy": name, "repetition": repetition,
+                   **round_times(stamps, lengths, args.requests, args.min_queue)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"command": "python benchmarks/scheduler_server_check.py " + " ".join(sys.argv[1:]),
+              "server_args": SERVER_ARGS, "requests": args.requests, "min_queue": args.min_queue, "rows": rows}
+    os.makedirs(args.output, exist_ok=True)
+    path = os.path.join(args.output, "server_check.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(result, handle, indent=1)
+    os.replace(path + ".tmp", path)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
