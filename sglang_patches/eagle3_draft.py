@@ -39,7 +39,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.utils import add_prefix
 
-from specforge_outlets.model.length_head import LengthHead, log_remaining_to_tokens
+from specforge_outlets.model.length_head import LengthHead
 
 logger = logging.getLogger("sglang_patches")
 
@@ -227,12 +227,6 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         raw = self.length_head(states.to(self.length_head.mlp[0].weight.dtype))
         return self.length_head.log_remaining(raw).float()
 
-    @staticmethod
-    def log_remaining_to_tokens(z: torch.Tensor) -> torch.Tensor:
-        return log_remaining_to_tokens(z)
-
-
-EntryClass = [OutletsLlamaForCausalLMEagle3]
 
 
 def register() -> None:

@@ -2,8 +2,9 @@
 
 Every hook is a pass-through unless the plugin's policy or routing method was asked for, so a
 server started without the plugin's flags behaves exactly as stock. ``HOOK_TARGETS`` lists every
-target; ``applied_targets()`` tells which of them the registry actually patched (SGLang logs and
-swallows failures to apply a hook, so the tests assert on this list, and the scheduler logs it).
+target; ``applied_targets()`` tells which of them the registry actually patched. SGLang logs and
+swallows failures to apply a hook, so a server asked for an OUTLETS feature refuses to start when
+a hook that feature needs is missing or the SGLang release is not a tested one (``check_hooks``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from sglang_patches.settings import (
     META_INFO_KEY,
     POLICY_NAME,
     OutletsSettingsError,
+    check_draft_fits_target,
+    check_radix_cache_disabled,
     read_settings,
     validate_draft_dir,
 )
@@ -102,6 +105,10 @@ def from_cli_args_after(server_args, cls, args: argparse.Namespace):
     _settings = None
     try:
         current = settings()
+        asked = features_asked(getattr(args, "schedule_policy", None), getattr(args, "load_balance_method", None),
+                               current.draft_path)
+        if asked:
+            check_hooks(asked)
         if current.draft_path is not None:
             check_predictor_only_args(current.draft_path, args)
     except OutletsSettingsError as error:
@@ -120,29 +127,13 @@ def check_predictor_only_args(draft_path: str, args: argparse.Namespace) -> None
             "--outlets-draft-path is predictor-only mode (speculative decoding off); it cannot be combined "
             f"with --speculative-algorithm {args.speculative_algorithm}"
         )
-    if not getattr(args, "disable_radix_cache", False):
-        raise OutletsSettingsError(
-            "--outlets-draft-path needs --disable-radix-cache: the draft reads the target's features at every "
-            "prompt position, and a prefix served from the radix cache is not recomputed"
-        )
+    check_radix_cache_disabled(bool(getattr(args, "disable_radix_cache", False)))
     target_config = os.path.join(str(getattr(args, "model_path", "")), "config.json")
-    if os.path.isfile(target_config):
+    if os.path.isfile(target_config):  # a hub id is checked at model load instead
         with open(target_config) as handle:
             target = json.load(handle)
         target = target.get("text_config", target)
-        depth, width = target.get("num_hidden_layers"), target.get("hidden_size")
-        fusion = config["outlets_config"]["fusion_layers"]
-        if depth is not None and any(not 0 <= int(k) < int(depth) for k in fusion):
-            raise OutletsSettingsError(
-                f"--outlets-draft-path {draft_path}: fusion layers {fusion} do not fit the {depth}-layer target "
-                f"{args.model_path} (a draft trained for another target?)"
-            )
-        expected = config.get("target_hidden_size") or config.get("hidden_size")
-        if width is not None and expected is not None and int(expected) != int(width):
-            raise OutletsSettingsError(
-                f"--outlets-draft-path {draft_path}: the draft expects target hidden size {expected}, "
-                f"{args.model_path} has {width}"
-            )
+        check_draft_fits_target(draft_path, config, target["num_hidden_layers"], target["hidden_size"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +144,8 @@ def policy_init_around(original, self, policy, *args, **kwargs):
     outlets = policy == POLICY_NAME
     original(self, "fcfs" if outlets else policy, *args, **kwargs)
     self.outlets_config = settings().scheduling if outlets else None
-    if outlets:
+    if outlets:  # also here: sglang.Engine users have no command line
+        check_hooks(features_asked(POLICY_NAME, None, settings().draft_path))
         log_startup("schedule-policy")
     return None
 
@@ -315,9 +307,6 @@ def log_startup(where: str) -> None:
         where, mode, current.order.value, config.long_output_len, config.long_holdback, config.aging_tokens_per_s,
         kv, config.prior_output_len, len(applied_targets()), len(HOOK_TARGETS),
     )
-    missing = sorted(set(HOOK_TARGETS) - set(applied_targets()))
-    if missing:
-        logger.warning("OUTLETS hooks NOT applied: %s", ", ".join(missing))
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,27 +314,39 @@ def log_startup(where: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+# What each OUTLETS feature needs patched. A target used by several features lists each.
+CLI = "command line"
+ORDERING = "--schedule-policy outlets"
+ROUTING = "--load-balance-method outlets"
+PREDICTOR = "--outlets-draft-path"
+
+# The SGLang releases these hook targets were written for and the serve tests run against
+# (requirements/serve-cpu.txt pins the newest); private methods among them move between releases.
+TESTED_SGLANG_VERSIONS = ("0.5.23",)
+
+
 def _targets():
     from sglang_patches import routing
 
     return [
-        (f"{_SERVER_ARGS}.add_cli_args", add_cli_args_after, "AFTER"),
-        (f"{_SERVER_ARGS}.from_cli_args", from_cli_args_after, "AFTER"),
-        (f"{_POLICY}.__init__", policy_init_around, "AROUND"),
-        (f"{_POLICY}.calc_priority", calc_priority_around, "AROUND"),
-        (f"{_SCHEDULER}._add_request_to_queue", add_request_to_queue_before, "BEFORE"),
-        (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND"),
-        (f"{_ADDER}._get_running_request_total_token_offset", running_token_offset_around, "AROUND"),
-        (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND"),
-        (f"{_TOKENIZER}.update_request_meta_info", update_meta_info_after, "AFTER"),
-        (f"{_INQUIRER}.get_loads", routing.get_loads_around, "AROUND"),
-        (f"{_SCHEDULER}.handle_generate_request", routing.handle_generate_request_before, "BEFORE"),
-        (f"{_DPC}.LoadBalanceMethod.from_str", routing.from_str_around, "AROUND"),
-        (f"{_DPC}.DataParallelController.__init__", routing.controller_init_after, "AFTER"),
+        (f"{_SERVER_ARGS}.add_cli_args", add_cli_args_after, "AFTER", {CLI}),
+        (f"{_SERVER_ARGS}.from_cli_args", from_cli_args_after, "AFTER", {CLI}),
+        (f"{_POLICY}.__init__", policy_init_around, "AROUND", {ORDERING}),
+        (f"{_POLICY}.calc_priority", calc_priority_around, "AROUND", {ORDERING}),
+        (f"{_SCHEDULER}._add_request_to_queue", add_request_to_queue_before, "BEFORE", {ORDERING, ROUTING, PREDICTOR}),
+        (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND", {ORDERING}),
+        (f"{_ADDER}._get_running_request_total_token_offset", running_token_offset_around, "AROUND", {ORDERING}),
+        (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND", {ORDERING}),
+        (f"{_TOKENIZER}.update_request_meta_info", update_meta_info_after, "AFTER", {ORDERING, PREDICTOR}),
+        (f"{_INQUIRER}.get_loads", routing.get_loads_around, "AROUND", {ROUTING}),
+        (f"{_SCHEDULER}.handle_generate_request", routing.handle_generate_request_before, "BEFORE", {ROUTING}),
+        (f"{_DPC}.LoadBalanceMethod.from_str", routing.from_str_around, "AROUND", {ROUTING}),
+        (f"{_DPC}.DataParallelController.__init__", routing.controller_init_after, "AFTER", {ROUTING}),
     ]
 
 
 HOOK_TARGETS = []
+_FEATURES_OF = {}  # target -> the features that need it
 
 
 def register_all() -> None:
@@ -353,10 +354,11 @@ def register_all() -> None:
 
     from sglang_patches import predictor
 
-    targets = _targets() + predictor.hook_targets()
-    for target, fn, kind in targets:
+    targets = _targets() + [(target, fn, kind, {PREDICTOR}) for target, fn, kind in predictor.hook_targets()]
+    for target, fn, kind, features in targets:
         if target not in HOOK_TARGETS:
             HOOK_TARGETS.append(target)
+            _FEATURES_OF[target] = frozenset(features)
             HookRegistry.register(target, fn, getattr(HookType, kind))
 
 
@@ -364,3 +366,42 @@ def applied_targets():
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     return [target for target in HOOK_TARGETS if target in HookRegistry._patched]
+
+
+def installed_sglang_version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")
+
+
+def check_hooks(features) -> None:
+    """Refuse an asked-for OUTLETS feature that would silently run as stock SGLang.
+
+    SGLang logs and swallows a hook that fails to apply (a private method renamed in another
+    release), so the server would start and behave as stock while the user believes otherwise.
+    """
+    features = set(features) | {CLI}
+    problems = []
+    version = installed_sglang_version()
+    if version not in TESTED_SGLANG_VERSIONS:
+        problems.append(f"SGLang {version} is installed, the plugin is tested with {', '.join(TESTED_SGLANG_VERSIONS)}")
+    applied = set(applied_targets())
+    missing = [target for target in HOOK_TARGETS if _FEATURES_OF[target] & features and target not in applied]
+    if missing:
+        problems.append(f"hooks that {', '.join(sorted(features - {CLI}))} needs did not apply: {', '.join(missing)}")
+    if problems:
+        raise OutletsSettingsError(
+            "OUTLETS cannot run as asked: " + "; ".join(problems) + ". Install the tested SGLang "
+            f"(pip install 'sglang=={TESTED_SGLANG_VERSIONS[-1]}'), or start without the OUTLETS flags for stock SGLang.")
+
+
+def features_asked(schedule_policy, load_balance_method, draft_path) -> set:
+    """The OUTLETS features a server's arguments ask for (none: stock SGLang, nothing is checked)."""
+    asked = set()
+    if schedule_policy == POLICY_NAME:
+        asked.add(ORDERING)
+    if str(load_balance_method).lower() == POLICY_NAME:
+        asked.add(ROUTING)
+    if draft_path is not None:
+        asked.add(PREDICTOR)
+    return asked

@@ -22,7 +22,12 @@ import threading
 from typing import List, Optional
 
 from sglang_patches import predictions as P
-from sglang_patches.settings import OutletsSettingsError
+from sglang_patches.settings import (
+    OutletsSettingsError,
+    check_draft_fits_target,
+    check_radix_cache_disabled,
+    validate_draft_dir,
+)
 
 logger = logging.getLogger("sglang_patches")
 
@@ -34,13 +39,6 @@ ATTR_FEATURES = "outlets_prompt_features"
 
 _state = threading.local()
 _predictor = None  # OutletsLengthPredictor of this scheduler process
-# Tests only: OUTLETS_TEST_FAIL_PREDICTION=<substring> makes the prediction raise for requests
-# whose rid contains it (or for all with "*"), to exercise the fallback on a real server.
-_FAIL_ENV = "OUTLETS_TEST_FAIL_PREDICTION"
-
-
-def predictor():
-    return _predictor
 
 
 def hook_targets():
@@ -82,25 +80,11 @@ def load_model_after(result, self, *args, **kwargs):
         radix_disabled = bool(get_memory().disable_radix_cache)
     except Exception:
         radix_disabled = bool(getattr(self.server_args, "disable_radix_cache", False))
-    if not radix_disabled:
-        raise OutletsSettingsError(
-            "--outlets-draft-path needs --disable-radix-cache: the draft reads the target's features at "
-            "every prompt position, and a prefix served from the radix cache is not recomputed"
-        )
+    check_radix_cache_disabled(radix_disabled)
+    check_draft_fits_target(draft_path, validate_draft_dir(draft_path), inner.config.num_hidden_layers,
+                            inner.config.hidden_size)
     embedding = inner.embed_tokens.weight.detach()
     predictor_ = OutletsLengthPredictor(draft_path, embedding[: inner.config.vocab_size])
-    depth = int(inner.config.num_hidden_layers)
-    bad = [k for k in predictor_.fusion_layers if not 0 <= k < depth]
-    if bad:
-        raise OutletsSettingsError(
-            f"--outlets-draft-path {draft_path}: fusion layers {bad} are outside this {depth}-layer target "
-            "(a draft trained for another target?)"
-        )
-    if predictor_.target_hidden != int(inner.config.hidden_size):
-        raise OutletsSettingsError(
-            f"--outlets-draft-path {draft_path}: draft expects target hidden size {predictor_.target_hidden}, "
-            f"the target has {inner.config.hidden_size}"
-        )
     inner.outlets_capture_layers = list(predictor_.fusion_layers)
     _predictor = predictor_
     hooks.log_startup("predictor")
@@ -155,12 +139,9 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
 
 
 def predict_batch(batch, capture, next_token_ids) -> None:
-    import os
-
     from sglang_patches import hooks
 
     config = hooks.settings().scheduling
-    fail = os.environ.get(_FAIL_ENV)
     extend_lens: List[int] = list(batch.extend_lens)
     prefix_lens: List[int] = list(batch.prefix_lens)
     next_ids = next_token_ids.tolist() if next_token_ids is not None else None
@@ -188,8 +169,6 @@ def predict_batch(batch, capture, next_token_ids) -> None:
             continue  # chunked prefill: more chunks to come
         setattr(req, ATTR_FEATURES, None)
         try:
-            if fail and (fail == "*" or fail in str(req.rid)):
-                raise RuntimeError("injected failure (OUTLETS_TEST_FAIL_PREDICTION)")
             if next_ids is None:
                 raise RuntimeError("first token not sampled in this pass (delayed sampling)")
             import torch

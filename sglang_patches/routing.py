@@ -189,6 +189,7 @@ def controller_init_after(result, self, *args, **kwargs):
 
     if not hooks.load_balance_is_outlets():
         return result
+    hooks.check_hooks({hooks.ROUTING})
     install_snapshot_decoder()
     config = hooks.settings().scheduling
     self.outlets_budget = OutletsBudget(len(self.workers) if getattr(self, "workers", None) else

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from specforge_outlets.model.fusion import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
     DEFAULT_KV_MARGIN,
@@ -147,6 +148,37 @@ def validate_draft_dir(path: str) -> dict:
     if not any(name.endswith(".safetensors") for name in os.listdir(path)):
         raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no .safetensors weights")
     return config
+
+
+def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int, hidden_size: int) -> None:
+    """Refuse a draft whose fused depths or width do not fit the target (a draft trained for another target?).
+
+    One rule for both places that check it: the launcher (from the target's config.json) and the
+    scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS
+    (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
+    input, so the last layer's output (index N) cannot be read.
+    """
+    fusion = draft_config["outlets_config"]["fusion_layers"]
+    try:
+        validate_fusion_layers(list(fusion), int(num_layers))
+    except ValueError as error:
+        raise OutletsSettingsError(f"--outlets-draft-path {draft_path}: fusion layers {list(fusion)} do not fit the "
+                                   f"{num_layers}-layer target (a draft trained for another target?): {error}") from None
+    if max(fusion) == int(num_layers):
+        raise OutletsSettingsError(
+            f"--outlets-draft-path {draft_path}: fusion layer {num_layers} is the last layer's output, which SGLang "
+            f"does not capture (it reads a layer's input); train the draft with fusion layers below {num_layers}")
+    expected = draft_config.get("target_hidden_size") or draft_config.get("hidden_size")
+    if expected is not None and int(expected) != int(hidden_size):
+        raise OutletsSettingsError(f"--outlets-draft-path {draft_path}: the draft expects target hidden size "
+                                   f"{expected}, the target has {hidden_size}")
+
+
+def check_radix_cache_disabled(disabled: bool) -> None:
+    if not disabled:
+        raise OutletsSettingsError(
+            "--outlets-draft-path needs --disable-radix-cache: the draft reads the target's features at every "
+            "prompt position, and a prefix served from the radix cache is not recomputed")
 
 
 def parse_prediction(value) -> float:

@@ -87,6 +87,42 @@ def test_every_hook_is_applied(plugins_loaded):
     assert SchedulePolicy.calc_priority.__wrapped__ is not None
 
 
+def without_hook(monkeypatch, target):
+    """The registry as it is on an SGLang release where ``target`` no longer exists."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.setattr(HookRegistry, "_patched", set(HookRegistry._patched) - {target})
+
+
+def test_a_feature_whose_hook_did_not_apply_refuses_to_run_naming_it(plugins_loaded, monkeypatch):
+    target = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
+    without_hook(monkeypatch, target)
+    with pytest.raises(OutletsSettingsError) as refused:
+        hooks.check_hooks({hooks.ORDERING})
+    assert target in str(refused.value) and "sglang==0.5.23" in str(refused.value)
+    hooks.check_hooks({hooks.ROUTING})  # routing does not need it
+
+
+def test_an_untested_sglang_release_refuses_outlets_features_only(plugins_loaded, monkeypatch, tmp_path, capsys):
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setattr(hooks, "installed_sglang_version", lambda: "0.6.0")
+    with pytest.raises(OutletsSettingsError, match=r"SGLang 0\.6\.0 is installed, the plugin is tested with 0\.5\.23"):
+        hooks.check_hooks({hooks.ROUTING})
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--load-balance-method", "outlets"])
+    assert "OUTLETS cannot run as asked" in capsys.readouterr().err
+    stock = prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "lof"])  # no OUTLETS flag
+    assert stock.schedule_policy == "lof"
+
+
+def test_the_scheduler_refuses_the_outlets_policy_without_its_hooks(plugins_loaded, monkeypatch):
+    without_hook(monkeypatch, "sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order")
+    with pytest.raises(OutletsSettingsError, match="_get_decode_retraction_order"):
+        make_policy("outlets")
+    assert make_policy("fcfs").outlets_config is None
+
+
 # --- command line ----------------------------------------------------------------------------------
 
 
@@ -452,14 +488,15 @@ def write_target(directory, layers=6, hidden=32):
     ("no-radix-flag", "needs --disable-radix-cache"),
     ("speculative", "cannot be combined with --speculative-algorithm"),
     ("too-deep", "do not fit the 6-layer target"),
+    ("last-layer", "which SGLang does not capture"),
     ("wrong-width", "expects target hidden size 64"),
 ])
 def test_predictor_only_refusals(plugins_loaded, tmp_path, capsys, case, message):
     from sglang.srt.server_args import prepare_server_args
 
     target = write_target(tmp_path / "target")
-    export = write_export(tmp_path / "export", fusion=(2, 3, 9) if case == "too-deep" else (2, 3, 4),
-                          hidden=64 if case == "wrong-width" else 32)
+    fusion = {"too-deep": (2, 3, 9), "last-layer": (2, 3, 6)}.get(case, (2, 3, 4))
+    export = write_export(tmp_path / "export", fusion=fusion, hidden=64 if case == "wrong-width" else 32)
     argv = ["--model-path", target, "--outlets-draft-path", export]
     if case != "no-radix-flag":
         argv.append("--disable-radix-cache")

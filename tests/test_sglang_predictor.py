@@ -20,6 +20,7 @@ from tests.sglang_harness.server import REPO, start_server  # noqa: E402
 PRIOR = 256.0
 TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
 PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
+FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the draft raise for prompts starting with these ids
 
 
 def training_env(*args) -> str:
@@ -47,8 +48,7 @@ def outlets_export(chat_target, tmp_path_factory) -> str:
 def server(chat_target, outlets_export, tmp_path_factory):
     server = start_server(chat_target, str(tmp_path_factory.mktemp("predictor-log")),
                           ["--schedule-policy", "outlets", "--outlets-draft-path", outlets_export,
-                           "--disable-radix-cache", "--dtype", "float32"],
-                          env={"OUTLETS_TEST_FAIL_PREDICTION": "fail-me"})
+                           "--disable-radix-cache", "--dtype", "float32"], fail_prompt=FAIL_PROMPT)
     yield server
     server.stop()
 
@@ -70,7 +70,7 @@ def test_r0_equals_the_offline_prediction_of_the_export(server, chat_target, out
 
 
 def test_predictor_failure_falls_back_to_the_prior_and_keeps_serving(server):
-    body = {"input_ids": PROMPTS[0], "rid": "fail-me-1",
+    body = {"input_ids": FAIL_PROMPT + PROMPTS[0], "rid": "fail-me-1",
             "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}
     response = server.post("/generate", body)
     assert response["meta_info"]["completion_tokens"] == 2

@@ -35,7 +35,3 @@ def validate_fusion_layers(layers: Sequence[int], num_layers: int) -> None:
 def to_specforge_layer_ids(layers: Sequence[int]) -> List[int]:
     """hidden_states index k is SpecForge's / SGLang's ``eagle_aux_hidden_state_layer_ids`` k - 1."""
     return [k - 1 for k in layers]
-
-
-def from_specforge_layer_ids(layer_ids: Sequence[int]) -> List[int]:
-    return [k + 1 for k in layer_ids]

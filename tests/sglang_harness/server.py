@@ -21,6 +21,7 @@ import urllib.request
 from typing import Dict, List, Optional
 
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
+FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
 REQUEST_TIMEOUT_S = 180.0
@@ -48,7 +49,8 @@ class SGLangServer:
     """``with SGLangServer(model, ["--schedule-policy", "outlets"]) as server: server.generate(...)``"""
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
-                 log_path: Optional[str] = None, python: str = sys.executable) -> None:
+                 log_path: Optional[str] = None, python: str = sys.executable,
+                 fail_prompt: Optional[List[int]] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
@@ -60,6 +62,9 @@ class SGLangServer:
             "--sleep-on-idle", *args,
         ]
         self.env = server_env(env)
+        if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
+            self.env["OUTLETS_HARNESS_FAIL_PROMPT"] = ",".join(str(token) for token in fail_prompt)
+            self.env["PYTHONPATH"] = os.pathsep.join([FAULTS, self.env["PYTHONPATH"]])
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-{self.port}.log")
         self.process: Optional[subprocess.Popen] = None
         self.start_seconds: Optional[float] = None
@@ -187,7 +192,9 @@ def omp_bind_groups(ranks: int) -> str:
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
-def start_server(model_path: str, log_dir: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
-    server = SGLangServer(model_path, args, env=env, log_path=os.path.join(log_dir, "server.log")).start()
+def start_server(model_path: str, log_dir: str, args: List[str], env: Optional[Dict[str, str]] = None,
+                 fail_prompt: Optional[List[int]] = None) -> SGLangServer:
+    server = SGLangServer(model_path, args, env=env, log_path=os.path.join(log_dir, "server.log"),
+                          fail_prompt=fail_prompt).start()
     print(f"server {args} healthy after {server.start_seconds:.1f} s")
     return server
