@@ -46,9 +46,15 @@ def _rope_theta(config: dict) -> float:
 
 
 class OutletsLengthPredictor:
-    """Predicts the output length of a prompt from the target's fused features at prefill."""
+    """Predicts the output length of a prompt from the target's fused features at prefill.
 
-    def __init__(self, directory: str, embedding: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+    Runs where the target runs: the draft's weights go to the device of ``embed_tokens``, the
+    target's own token-embedding module, whose forward looks a token up in the full table (SGLang's
+    ``VocabParallelEmbedding`` gathers it across tensor-parallel ranks; a weight slice would be one
+    shard), so nothing is copied to the host on the scheduler's path.
+    """
+
+    def __init__(self, directory: str, embed_tokens: torch.nn.Module, dtype: torch.dtype = torch.float32) -> None:
         from safetensors.torch import load_file
 
         with open(os.path.join(directory, "config.json")) as handle:
@@ -62,7 +68,8 @@ class OutletsLengthPredictor:
         if edges:
             bounds = [1, *[int(e) for e in edges], 2 * int(edges[-1])]
             centers = [math.sqrt(lo * hi) for lo, hi in zip(bounds, bounds[1:])]
-            self.bucket_log_centers = torch.tensor([math.log1p(c) for c in centers], dtype=torch.float32)
+            self.bucket_log_centers = torch.tensor([math.log1p(c) for c in centers], dtype=torch.float32,
+                                                   device=embed_tokens.weight.device)
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
@@ -77,7 +84,9 @@ class OutletsLengthPredictor:
         for name in sorted(os.listdir(directory)):
             if name.endswith(".safetensors"):
                 weights.update(load_file(os.path.join(directory, name)))
-        self.w: Dict[str, torch.Tensor] = {k: v.to(dtype) for k, v in weights.items() if v.is_floating_point()}
+        self.device = embed_tokens.weight.device
+        self.w: Dict[str, torch.Tensor] = {
+            k: v.to(device=self.device, dtype=dtype) for k, v in weights.items() if v.is_floating_point()}
         required = ["fc.weight", "norm.weight", "length_head.mlp.0.weight", "midlayer.self_attn.q_proj.weight",
                     "midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"]
         if self.gated:
@@ -85,12 +94,12 @@ class OutletsLengthPredictor:
         missing = [key for key in required if key not in self.w]
         if missing:
             raise OutletsSettingsError(f"--outlets-draft-path {directory}: weights lack {missing}")
-        if embedding.shape[-1] != self.hidden:
+        if int(embed_tokens.embedding_dim) != self.hidden:
             raise OutletsSettingsError(
                 f"--outlets-draft-path {directory}: draft hidden size {self.hidden} != target embedding width "
-                f"{embedding.shape[-1]}"
+                f"{embed_tokens.embedding_dim}"
             )
-        self.embedding = embedding.to(dtype)
+        self.embed_tokens = embed_tokens
         self.dtype = dtype
         self.head_layers = sorted({int(k.split(".")[2]) for k in self.w if k.startswith("length_head.mlp.")})
 
@@ -110,7 +119,7 @@ class OutletsLengthPredictor:
         if self.head_input == "fused":
             return fused
         T = fused.shape[0]
-        emb = F.embedding(next_ids.clamp_min(0), self.embedding)
+        emb = self.embed_tokens(next_ids.clamp_min(0)).to(self.dtype)
         p = "midlayer"
         residual = fused
         h = _rms_norm(fused, self.w[f"{p}.hidden_norm.weight"], self.eps)
@@ -119,8 +128,10 @@ class OutletsLengthPredictor:
         q = self._linear(attn_in, f"{p}.self_attn.q_proj").view(T, self.heads, self.head_dim).transpose(0, 1)
         k = self._linear(attn_in, f"{p}.self_attn.k_proj").view(T, self.kv_heads, self.head_dim).transpose(0, 1)
         v = self._linear(attn_in, f"{p}.self_attn.v_proj").view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
-        freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+        device = fused.device
+        steps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+        inv_freq = 1.0 / (self.theta ** (steps / self.head_dim))
+        freqs = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv_freq)
         emb_pos = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb_pos.cos().to(q.dtype), emb_pos.sin().to(q.dtype)
         q = q * cos + _rotate_half(q) * sin
@@ -129,7 +140,7 @@ class OutletsLengthPredictor:
         k = k.repeat_interleave(groups, dim=0)
         v = v.repeat_interleave(groups, dim=0)
         scores = (q @ k.transpose(1, 2)) / math.sqrt(self.head_dim)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
         scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         out = (probs @ v).transpose(0, 1).reshape(T, self.heads * self.head_dim)
@@ -156,11 +167,19 @@ class OutletsLengthPredictor:
         return torch.softmax(x.float(), dim=-1) @ self.bucket_log_centers
 
     @torch.no_grad()
-    def predict_output_len(self, fused_features: torch.Tensor, prompt_ids, first_token: int) -> float:
-        """r̂_0: the prediction at the last prompt position, reading the first sampled token."""
-        ids = torch.as_tensor(list(prompt_ids)[1:] + [int(first_token)], dtype=torch.long)
-        z = self.log_remaining(self.states(fused_features, ids))[-1]
-        value = float(torch.expm1(z).clamp_min(0.0))
+    def prompt_log_remaining(self, fused_features: torch.Tensor, prompt_ids, first_token) -> torch.Tensor:
+        """z of r̂_0, at the last prompt position reading the first sampled token: a 0-dim tensor where the target runs.
+
+        ``first_token`` may be the sampler's tensor on the target's device; nothing here waits for the device.
+        """
+        prompt = torch.as_tensor(list(prompt_ids)[1:], dtype=torch.long).to(self.device, non_blocking=True)
+        first = torch.as_tensor(first_token, dtype=torch.long).to(self.device).reshape(1)
+        states = self.states(fused_features.to(self.device), torch.cat([prompt, first]))
+        return self.log_remaining(states)[-1]
+
+    def predict_output_len(self, fused_features: torch.Tensor, prompt_ids, first_token) -> float:
+        """r̂_0 in tokens (waits for the device: for offline use and tests)."""
+        value = float(torch.expm1(self.prompt_log_remaining(fused_features, prompt_ids, first_token)).clamp_min(0.0))
         if not math.isfinite(value):
             raise ValueError(f"prediction is not finite ({value})")
         return value

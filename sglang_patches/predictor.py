@@ -18,6 +18,7 @@ a cached prefix is not recomputed, so its features would be missing.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import List, Optional
 
@@ -83,8 +84,7 @@ def load_model_after(result, self, *args, **kwargs):
     check_radix_cache_disabled(radix_disabled)
     check_draft_fits_target(draft_path, validate_draft_dir(draft_path), inner.config.num_hidden_layers,
                             inner.config.hidden_size)
-    embedding = inner.embed_tokens.weight.detach()
-    predictor_ = OutletsLengthPredictor(draft_path, embedding[: inner.config.vocab_size])
+    predictor_ = OutletsLengthPredictor(draft_path, inner.embed_tokens)
     inner.outlets_capture_layers = list(predictor_.fusion_layers)
     _predictor = predictor_
     hooks.log_startup("predictor")
@@ -108,7 +108,7 @@ def llama_model_forward_around(original, self, input_ids, positions, forward_bat
         try:
             import torch
 
-            _state.capture = torch.cat([tensor.float() for tensor in aux], dim=-1).cpu()
+            _state.capture = torch.cat(list(aux), dim=-1)  # [tokens, 3H] where the target runs, its dtype
         except Exception as error:
             logger.warning("OUTLETS feature capture failed: %s", error)
             _state.capture = None
@@ -139,12 +139,15 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
 
 
 def predict_batch(batch, capture, next_token_ids) -> None:
+    """r̂_0 for the requests whose prompt this extend pass completed, with one wait for the device per batch."""
+    import torch
+
     from sglang_patches import hooks
 
     config = hooks.settings().scheduling
     extend_lens: List[int] = list(batch.extend_lens)
     prefix_lens: List[int] = list(batch.prefix_lens)
-    next_ids = next_token_ids.tolist() if next_token_ids is not None else None
+    completed = []  # (request, z on the target's device)
     offset = 0
     for index, req in enumerate(batch.reqs):
         length = int(extend_lens[index])
@@ -169,13 +172,18 @@ def predict_batch(batch, capture, next_token_ids) -> None:
             continue  # chunked prefill: more chunks to come
         setattr(req, ATTR_FEATURES, None)
         try:
-            if next_ids is None:
+            if next_token_ids is None:
                 raise RuntimeError("first token not sampled in this pass (delayed sampling)")
-            import torch
-
-            fused = torch.cat(features, dim=0)
-            value = _predictor.predict_output_len(fused, prompt, next_ids[index])
+            completed.append((req, _predictor.prompt_log_remaining(torch.cat(features, dim=0), prompt,
+                                                                   next_token_ids[index])))
         except Exception as error:
             P.fall_back_to_prior(req, config, repr(error))
-            continue
-        P.set_prediction(req, value, "draft")
+    if not completed:
+        return
+    # The one synchronisation: the scheduler keeps its requests, and their predictions, on the host.
+    values = torch.expm1(torch.stack([z for _, z in completed]).float()).clamp_min(0.0).tolist()
+    for (req, _), value in zip(completed, values):
+        if math.isfinite(value):
+            P.set_prediction(req, value, "draft")
+        else:
+            P.fall_back_to_prior(req, config, f"prediction is not finite ({value})")

@@ -230,7 +230,7 @@ def test_sglangs_loader_loads_every_tensor_of_the_export(sglang_cpu, tmp_path):
 def test_length_head_equals_the_plain_pytorch_head(sglang_cpu, tmp_path, bucket_edges):
     directory = make_export(tmp_path / "draft", bucket_edges=bucket_edges)
     model = load_with_sglang(directory)
-    reference = OutletsLengthPredictor(directory, torch.zeros(VOCAB, H))
+    reference = OutletsLengthPredictor(directory, torch.nn.Embedding(VOCAB, H))
     states = torch.randn(TOKENS, H, generator=torch.Generator().manual_seed(1))
     normed = model.model.norm(states)  # SGLang's RMSNorm with the export's norm.weight
     with torch.no_grad():
@@ -255,7 +255,7 @@ def test_gated_draft_forward_through_sglang_attention_matches_plain_pytorch(sgla
     with torch.no_grad():
         z = model.length_log_remaining(normed)
 
-    reference = OutletsLengthPredictor(directory, embedding)
+    reference = OutletsLengthPredictor(directory, torch.nn.Embedding.from_pretrained(embedding))
     states = reference.states(fused, input_ids)  # position j embeds the token at j (the next token)
     torch.testing.assert_close(normed, rms_norm(states, reference.w["norm.weight"]), rtol=0, atol=2e-5)
     torch.testing.assert_close(z, reference.log_remaining(states), rtol=0, atol=2e-5)
@@ -278,10 +278,28 @@ def test_ungated_export_has_no_gate(sglang_cpu, tmp_path):
     input_ids = torch.randint(0, VOCAB, (TOKENS,), generator=g)
     fused = torch.randn(TOKENS, 3 * H, generator=g)
     normed = sglang_draft_forward(model, input_ids, fused)
-    reference = OutletsLengthPredictor(directory, embedding)
+    reference = OutletsLengthPredictor(directory, torch.nn.Embedding.from_pretrained(embedding))
     assert not reference.gated
     states = reference.states(fused, input_ids)
     torch.testing.assert_close(normed, rms_norm(states, reference.w["norm.weight"]), rtol=0, atol=2e-5)
+
+
+def test_predictor_runs_on_the_device_of_the_target_s_embedding(sglang_cpu, tmp_path):
+    """Every tensor the predictor makes or reads lives where the target's embedding is, here torch's meta device.
+
+    On a GPU server the target's embedding and captured features are on the GPU; a predictor with
+    weights, masks or positions on the host would raise there (and fall back to the prior for every
+    request), and raises here too.
+    """
+    directory = make_export(tmp_path / "draft", bucket_edges=[4, 16, 64, 256])
+    predictor = OutletsLengthPredictor(directory, torch.nn.Embedding(VOCAB, H, device="meta"))
+    assert {tensor.device.type for tensor in predictor.w.values()} == {"meta"}
+    fused = torch.empty(TOKENS, 3 * H, device="meta")
+    z = predictor.prompt_log_remaining(fused, list(range(TOKENS)), torch.tensor(3, device="meta"))
+    assert z.device.type == "meta" and z.shape == ()
+    host = OutletsLengthPredictor(directory, torch.nn.Embedding(VOCAB, H))  # the draft on the host ...
+    with pytest.raises((RuntimeError, NotImplementedError)):  # ... cannot read features that live elsewhere
+        host.states(fused, torch.zeros(TOKENS, dtype=torch.long, device="meta"))
 
 
 @pytest.mark.parametrize("case", ["no-length-head", "no-gate", "gate-but-ungated-config", "no-d2t"])

@@ -15,11 +15,11 @@ if _FAIL_PROMPT:
     from sglang_patches.draft_model import OutletsLengthPredictor
 
     _prefix = [int(token) for token in _FAIL_PROMPT.split(",")]
-    _predict = OutletsLengthPredictor.predict_output_len
+    _predict = OutletsLengthPredictor.prompt_log_remaining
 
     def _failing_predict(self, fused_features, prompt_ids, first_token):
         if list(prompt_ids[:len(_prefix)]) == _prefix:
             raise RuntimeError("injected failure (test harness)")
         return _predict(self, fused_features, prompt_ids, first_token)
 
-    OutletsLengthPredictor.predict_output_len = _failing_predict
+    OutletsLengthPredictor.prompt_log_remaining = _failing_predict
