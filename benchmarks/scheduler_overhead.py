@@ -101,7 +101,7 @@ def orderings() -> Dict[str, Callable[[list], None]]:
     """Each policy's per-round work on a waiting list, as SGLang 0.5.23 and the plugin run it."""
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
-    from sglang_patches import hooks
+    from sglang_patches import ordering, state
     from sglang_patches.settings import read_settings
     from specforge_outlets.scheduling import QueuePolicy
 
@@ -111,8 +111,8 @@ def orderings() -> Dict[str, Callable[[list], None]]:
         chosen = dataclasses.replace(read_settings(), order=order)  # the defaults, --outlets-order ORDER
 
         def run(queue: list) -> None:
-            hooks._settings = chosen  # what the plugin reads once per process; two orders share this one
-            hooks.sort_waiting(queue, chosen.scheduling)
+            state.use_settings(chosen)  # what the plugin reads once per process; two orders share this one
+            ordering.sort_waiting(queue, chosen.scheduling)
 
         return run
 
@@ -169,7 +169,7 @@ def controller(num_ranks: int, method: str):
     from sglang.srt.managers import data_parallel_controller as dpc
     from sglang.srt.managers.load_snapshot import LoadSnapshot
 
-    from sglang_patches import hooks, routing
+    from sglang_patches import routing, state
 
     dpc.sock_send = lambda *args, **kwargs: None
     self = dpc.DataParallelController.__new__(dpc.DataParallelController)
@@ -192,7 +192,7 @@ def controller(num_ranks: int, method: str):
         return self.round_robin_scheduler
     if method == "total_tokens":
         return self.total_tokens_scheduler
-    hooks.load_balance_is_outlets = lambda: True
+    state.load_balance_is_outlets = lambda: True  # this process has no SGLang runtime context
     routing.controller_init_after(None, self)
     self.outlets_budget.update(snapshots)
     return self.dispatching
@@ -235,9 +235,9 @@ def measure_snapshot(waiting_sizes, repetitions: int) -> List[dict]:
     """
     from sglang.srt.managers.load_snapshot import LoadSnapshot
 
-    from sglang_patches import hooks, routing
+    from sglang_patches import ordering, routing, state
 
-    hooks.load_balance_is_outlets = lambda: True
+    state.load_balance_is_outlets = lambda: True  # this process has no SGLang runtime context
     rows = []
     for waiting in waiting_sizes:
         factory = RequestFactory(seed=3, backlog=RUNNING_PER_RANK + waiting)
@@ -245,7 +245,7 @@ def measure_snapshot(waiting_sizes, repetitions: int) -> List[dict]:
         for req in running:
             req.output_ids.extend([0] * factory.rng.randint(1, 300))
         queue = factory.queue(waiting)
-        hooks.sort_waiting(queue, hooks.settings().scheduling)  # the round before, under --schedule-policy outlets
+        ordering.sort_waiting(queue, state.settings().scheduling)  # the round before, under --schedule-policy outlets
         inquirer = SimpleNamespace(get_running_batch=lambda: SimpleNamespace(reqs=running),
                                    get_waiting_queue=lambda: queue, get_chunked_req=lambda: None)
         stock = LoadSnapshot(dp_rank=0, timestamp=1.0, num_running_reqs=len(running), num_waiting_reqs=len(queue))

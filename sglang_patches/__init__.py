@@ -22,9 +22,9 @@ def load() -> None:
     if _loaded:
         return
     _loaded = True
-    from sglang_patches import hooks
+    from sglang_patches import registry
 
-    hooks.register_all()
+    registry.register_all()
     try:
         from sglang_patches import eagle3_draft
 

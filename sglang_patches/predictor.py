@@ -23,6 +23,7 @@ import threading
 from typing import List, Optional
 
 from sglang_patches import predictions as P
+from sglang_patches import state
 from sglang_patches.settings import (
     OutletsSettingsError,
     check_draft_fits_target,
@@ -42,21 +43,11 @@ _state = threading.local()
 _predictor = None  # OutletsLengthPredictor of this scheduler process
 
 
-def hook_targets():
-    return [
-        (f"{_RUNNER}.load_model", load_model_after, "AFTER"),
-        (f"{_LLAMA_MODEL}.forward", llama_model_forward_around, "AROUND"),
-        (f"{_WORKER}.forward_batch_generation", forward_batch_generation_around, "AROUND"),
-    ]
-
-
 # -- model load ----------------------------------------------------------------------------------------
 
 
 def load_model_after(result, self, *args, **kwargs):
-    from sglang_patches import hooks
-
-    draft_path = hooks.settings().draft_path
+    draft_path = state.settings().draft_path
     if draft_path is None or getattr(self, "is_draft_worker", False):
         return result
     global _predictor
@@ -87,7 +78,7 @@ def load_model_after(result, self, *args, **kwargs):
     predictor_ = OutletsLengthPredictor(draft_path, inner.embed_tokens)
     inner.outlets_capture_layers = list(predictor_.fusion_layers)
     _predictor = predictor_
-    hooks.log_startup("predictor")
+    state.log_startup("predictor")
     return result
 
 
@@ -129,9 +120,7 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
         if batch.forward_mode.is_extend():
             predict_batch(batch, capture, getattr(result, "next_token_ids", None))
     except Exception as error:  # never let the predictor break the batch
-        from sglang_patches import hooks
-
-        config = hooks.settings().scheduling
+        config = state.settings().scheduling
         for req in getattr(batch, "reqs", []) or []:
             if P.prediction(req) is None and not getattr(req, "output_ids", None):
                 P.fall_back_to_prior(req, config, f"predictor error: {error!r}")
@@ -142,9 +131,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
     """r̂_0 for the requests whose prompt this extend pass completed, with one wait for the device per batch."""
     import torch
 
-    from sglang_patches import hooks
-
-    config = hooks.settings().scheduling
+    config = state.settings().scheduling
     extend_lens: List[int] = list(batch.extend_lens)
     prefix_lens: List[int] = list(batch.prefix_lens)
     completed = []  # (request, z on the target's device)
@@ -187,3 +174,10 @@ def predict_batch(batch, capture, next_token_ids) -> None:
             P.set_prediction(req, value, "draft")
         else:
             P.fall_back_to_prior(req, config, f"prediction is not finite ({value})")
+
+
+HOOK_TARGETS = [
+    (f"{_RUNNER}.load_model", load_model_after, "AFTER", {state.PREDICTOR}),
+    (f"{_LLAMA_MODEL}.forward", llama_model_forward_around, "AROUND", {state.PREDICTOR}),
+    (f"{_WORKER}.forward_batch_generation", forward_batch_generation_around, "AROUND", {state.PREDICTOR}),
+]

@@ -18,6 +18,7 @@ from collections import deque
 
 from specforge_outlets.scheduling import RankLoad, least_predicted_work_rank, predicted_remaining
 from sglang_patches import predictions as P
+from sglang_patches import state
 from sglang_patches.settings import POLICY_NAME
 
 logger = logging.getLogger("sglang_patches")
@@ -73,12 +74,10 @@ def rank_requests(inquirer):
 
 def get_loads_around(original, self):
     snapshot = original(self)
-    from sglang_patches import hooks
-
-    if not hooks.load_balance_is_outlets():
+    if not state.load_balance_is_outlets():
         return snapshot
     try:
-        config = hooks.settings().scheduling
+        config = state.settings().scheduling
         requests = rank_requests(self)
         work = sum(P.remaining(req, config) for req in requests)
         import msgspec.structs
@@ -185,13 +184,11 @@ class OutletsBudget:
 
 
 def controller_init_after(result, self, *args, **kwargs):
-    from sglang_patches import hooks
-
-    if not hooks.load_balance_is_outlets():
+    if not state.load_balance_is_outlets():
         return result
-    hooks.check_hooks({hooks.ROUTING})
+    state.check_hooks({state.ROUTING})
     install_snapshot_decoder()
-    config = hooks.settings().scheduling
+    config = state.settings().scheduling
     self.outlets_budget = OutletsBudget(len(self.workers) if getattr(self, "workers", None) else
                                         self.dp_budget.num_dp_ranks, config.prior_output_len)
     self._last_refresh_time = getattr(self, "_last_refresh_time", 0.0)
@@ -220,5 +217,17 @@ def controller_init_after(result, self, *args, **kwargs):
     self.refresh_load_budget = refresh_load_budget
     self.dispatching = outlets_scheduler
     self.refresh_load_budget_on_dispatch = True
-    hooks.log_startup("load-balance-method")
+    state.log_startup("load-balance-method")
     return result
+
+
+_INQUIRER = "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_DPC = "sglang.srt.managers.data_parallel_controller"
+
+HOOK_TARGETS = [
+    (f"{_INQUIRER}.get_loads", get_loads_around, "AROUND", {state.ROUTING}),
+    (f"{_SCHEDULER}.handle_generate_request", handle_generate_request_before, "BEFORE", {state.ROUTING}),
+    (f"{_DPC}.LoadBalanceMethod.from_str", from_str_around, "AROUND", {state.ROUTING}),
+    (f"{_DPC}.DataParallelController.__init__", controller_init_after, "AFTER", {state.ROUTING}),
+]

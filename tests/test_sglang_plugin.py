@@ -24,7 +24,7 @@ if STUBS not in sys.path:
     sys.path.insert(0, STUBS)
 
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
-from sglang_patches import hooks, predictions as P, routing  # noqa: E402
+from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, state  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
     ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
@@ -36,7 +36,7 @@ def plugins_loaded():
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    return hooks.applied_targets()
+    return state.applied_targets()
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +55,9 @@ def clean_env(monkeypatch):
     for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN,
                  ENV_MAX_RETRACTIONS):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(hooks, "_settings", None)
+    state.reset_settings()
     yield
-    hooks._settings = None
+    state.reset_settings()
 
 
 def request(rid, predicted=None, arrival=0.0, generated=0, custom=None):
@@ -80,8 +80,8 @@ def test_entry_point_is_registered():
 
 
 def test_every_hook_is_applied(plugins_loaded):
-    assert len(hooks.HOOK_TARGETS) >= 11
-    assert sorted(plugins_loaded) == sorted(hooks.HOOK_TARGETS)
+    assert len(state.registered_targets()) >= 11
+    assert sorted(plugins_loaded) == sorted(state.registered_targets())
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
     assert SchedulePolicy.calc_priority.__wrapped__ is not None
@@ -98,17 +98,17 @@ def test_a_feature_whose_hook_did_not_apply_refuses_to_run_naming_it(plugins_loa
     target = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
     without_hook(monkeypatch, target)
     with pytest.raises(OutletsSettingsError) as refused:
-        hooks.check_hooks({hooks.ORDERING})
+        state.check_hooks({state.ORDERING})
     assert target in str(refused.value) and "sglang==0.5.23" in str(refused.value)
-    hooks.check_hooks({hooks.ROUTING})  # routing does not need it
+    state.check_hooks({state.ROUTING})  # routing does not need it
 
 
 def test_an_untested_sglang_release_refuses_outlets_features_only(plugins_loaded, monkeypatch, tmp_path, capsys):
     from sglang.srt.server_args import prepare_server_args
 
-    monkeypatch.setattr(hooks, "installed_sglang_version", lambda: "0.6.0")
+    monkeypatch.setattr(state, "installed_sglang_version", lambda: "0.6.0")
     with pytest.raises(OutletsSettingsError, match=r"SGLang 0\.6\.0 is installed, the plugin is tested with 0\.5\.23"):
-        hooks.check_hooks({hooks.ROUTING})
+        state.check_hooks({state.ROUTING})
     with pytest.raises(SystemExit):
         prepare_server_args(["--model-path", str(tmp_path), "--load-balance-method", "outlets"])
     assert "OUTLETS cannot run as asked" in capsys.readouterr().err
@@ -245,11 +245,11 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
     """Keys cached on requests across rounds never go stale: new arrivals, admissions, late predictions, retractions."""
     monkeypatch.setenv(ENV_ORDER, order)
     monkeypatch.setenv(ENV_LONG_HOLDBACK, "0.3")
-    hooks._settings = None
-    config = hooks.settings().scheduling
+    state.reset_settings()
+    config = state.settings().scheduling
     rng = random.Random(7)
     clock = [1000.0]
-    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     queue, count = [], 0
     for _ in range(60):
         clock[0] += rng.uniform(0, 2)
@@ -264,7 +264,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
                 req.output_ids.extend([0] * rng.randint(1, 900))
         fresh = [FreshView(r.rid, r.outlets_arrival_time, P.prediction(r), len(r.output_ids)) for r in queue]
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
-        hooks.sort_waiting(queue, config)
+        ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
         del queue[:rng.randint(0, 10)]  # admitted
 
@@ -272,16 +272,16 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
 def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monkeypatch):
     monkeypatch.setenv(ENV_ORDER, "sjf")
     monkeypatch.setenv(ENV_AGING, "0")
-    hooks._settings = None
-    config = hooks.settings().scheduling
+    state.reset_settings()
+    config = state.settings().scheduling
     calls = []
     real = P.sjf_sort_key
     monkeypatch.setattr(P, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
     queue = [request(str(i), float(1000 - i), arrival=float(i)) for i in range(200)]
-    hooks.sort_waiting(queue, config)
+    ordering.sort_waiting(queue, config)
     assert len(calls) == 200
     queue.append(request("new", 5.0, arrival=300.0))
-    hooks.sort_waiting(queue, config)
+    ordering.sort_waiting(queue, config)
     assert len(calls) == 201 and queue[0].rid == "new"
 
 
@@ -297,7 +297,7 @@ def test_aging_bound_holds_in_the_plugins_order(plugins_loaded, monkeypatch):
     """A request predicted to need R tokens is overtaken only by arrivals within (R - 1) / rate s."""
     monkeypatch.setenv(ENV_AGING, "10")
     monkeypatch.setenv(ENV_ORDER, "sjf")
-    hooks._settings = None
+    state.reset_settings()
     policy = make_policy("outlets")
     config = policy.outlets_config
     window = aging_window_s(1000.0, config)  # 99.9 s
@@ -331,12 +331,12 @@ def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loade
     reqs = [request("a", 100, generated=10), request("b", 30), request("c", 500, generated=100), request("d", None),
             request("e-late", 30, arrival=5.0), request("f-twice", 5000)]
     reqs[-1].retraction_count = 2  # at the default limit: kept while others can go
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     order = ScheduleBatch._get_decode_retraction_order(reqs)
     # most preferred to keep first; SGLang pops from the end: c (400 left) goes first, then d (256);
     # of b and e-late (30 left each) the later arrival is retracted first
     assert [reqs[i].rid for i in order] == ["f-twice", "b", "e-late", "a", "d", "c"]
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
     from sglang.srt.managers import schedule_batch
 
     monkeypatch.setattr(schedule_batch, "get_schedule", lambda: SimpleNamespace(retraction_policy="length"))
@@ -347,7 +347,7 @@ def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loade
 
 def test_meta_info_gets_one_scalar_prediction(plugins_loaded):
     meta = {"completion_tokens": 10, "predicted_output_len": [12.0]}
-    hooks.update_meta_info_after(None, None, meta, None, {}, 0, {"type": "length"})
+    meta_info.update_meta_info_after(None, None, meta, None, {}, 0, {"type": "length"})
     assert meta["predicted_output_len"] == 12.0
 
 
@@ -434,19 +434,19 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
         req.sampling_params = SimpleNamespace(max_new_tokens=max_new, ignore_eos=ignore_eos, custom_params=None)
         return req
 
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(adder, running(300, 100)) == 450  # no margin set: SGLang's 0.5 x (1000 - 100)
     monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
-    hooks._settings = None
+    state.reset_settings()
     assert offset(adder, running(300, 100)) == 240  # (300 - 100) x 1.2
     assert offset(adder, running(5000, 100)) == 900  # at most what is left of max_new_tokens
     assert offset(adder, running(None, 100)) == 450  # no prediction: SGLang's estimate
     assert offset(adder, running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
     assert offset(adder, running(300, 100)) == 450
     monkeypatch.setenv(ENV_KV_MARGIN, "-1")
-    hooks._settings = None
+    state.reset_settings()
     with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN"):
         read_settings()
 
@@ -456,11 +456,11 @@ def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):
     now = time.monotonic()  # a (predicted long) waited 100 s; b arrived 3 s after it, within the hold-back
     fake_scheduler = SimpleNamespace(waiting_queue=[request("a", 5000, arrival=now - 100), request("b", 20, arrival=now - 97)])
     original = lambda self, running_batch: seen.append([r.rid for r in self.waiting_queue])
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: True)
-    hooks.prebuilt_batch_around(original, fake_scheduler, None)
-    monkeypatch.setattr(hooks, "schedule_policy_is_outlets", lambda: False)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    ordering.prebuilt_batch_around(original, fake_scheduler, None)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
     fake_scheduler.waiting_queue.reverse()
-    hooks.prebuilt_batch_around(original, fake_scheduler, None)
+    ordering.prebuilt_batch_around(original, fake_scheduler, None)
     assert seen == [["b", "a"], ["a", "b"]]
 
 

@@ -1,0 +1,93 @@
+"""``--schedule-policy outlets``: the waiting-queue order, arrival stamps and external predictions, the retraction order, the PD decode queue.
+
+The order itself is the shared scheduling core's (``specforge_outlets.scheduling.admission_order``);
+this module puts SGLang's lists in that order, with each request's keys cached on it
+(``predictions.CachedOrderKeys``) so that a round reads one tuple per request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sglang_patches import predictions as P
+from sglang_patches import state
+from sglang_patches.settings import POLICY_NAME
+from specforge_outlets.scheduling import admission_order, retraction_order_key
+
+_POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_DECODE_MIXIN = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin"
+
+
+def policy_init_around(original, self, policy, *args, **kwargs):
+    outlets = policy == POLICY_NAME
+    original(self, "fcfs" if outlets else policy, *args, **kwargs)
+    self.outlets_config = state.settings().scheduling if outlets else None
+    if outlets:  # also here: sglang.Engine users have no command line
+        state.check_hooks(state.features_asked(POLICY_NAME, None, state.settings().draft_path))
+        state.log_startup("schedule-policy")
+    return None
+
+
+def calc_priority_around(original, self, waiting_queue, *args, **kwargs):
+    result = original(self, waiting_queue, *args, **kwargs)
+    config = getattr(self, "outlets_config", None)
+    if config is not None and len(waiting_queue) > 1:
+        sort_waiting(waiting_queue, config)
+    return result
+
+
+def sort_waiting(waiting_queue, config) -> None:
+    """Put SGLang's waiting list in the order the core's queue for ``--outlets-order`` admits it now."""
+    ordered = admission_order(waiting_queue, state.settings().order, config, now=time.monotonic(),
+                              keys=_order_keys(config))
+    if ordered != waiting_queue:  # list comparison: identity first, at C speed
+        waiting_queue[:] = ordered
+        state.metrics().order_changes()
+
+
+_cached_order_keys = None
+
+
+def _order_keys(config) -> P.CachedOrderKeys:
+    """One key provider per scheduling config, so that the keys cached on requests stay valid across rounds."""
+    global _cached_order_keys
+    if _cached_order_keys is None or _cached_order_keys.config is not config:
+        _cached_order_keys = P.CachedOrderKeys(config)
+    return _cached_order_keys
+
+
+def add_request_to_queue_before(self, req, *args, **kwargs):
+    if state.plugin_active():
+        P.stamp_arrival(req)
+        # Without an external prediction, predictor-only mode predicts at prefill; until then (and
+        # without a predictor) the key uses the prior.
+        P.assign_external_prediction(req, state.settings().scheduling)
+    return None
+
+
+def retraction_order_around(original, reqs):
+    if not state.schedule_policy_is_outlets():
+        return original(reqs)
+    config = state.settings().scheduling
+    # Most preferred to keep first; SGLang's loop retracts from the end.
+    keys = [retraction_order_key(P.prediction(req), P.num_generated(req), P.arrival_time(req),
+                                 getattr(req, "retraction_count", 0), config) for req in reqs]
+    return sorted(range(len(reqs)), key=keys.__getitem__)
+
+
+def prebuilt_batch_around(original, self, running_batch, *args, **kwargs):
+    if state.schedule_policy_is_outlets() and len(self.waiting_queue) > 1:
+        sort_waiting(self.waiting_queue, state.settings().scheduling)
+    return original(self, running_batch, *args, **kwargs)
+
+
+HOOK_TARGETS = [
+    (f"{_POLICY}.__init__", policy_init_around, "AROUND", {state.ORDERING}),
+    (f"{_POLICY}.calc_priority", calc_priority_around, "AROUND", {state.ORDERING}),
+    (f"{_SCHEDULER}._add_request_to_queue", add_request_to_queue_before, "BEFORE",
+     {state.ORDERING, state.ROUTING, state.PREDICTOR}),
+    (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND", {state.ORDERING}),
+    (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND", {state.ORDERING}),
+]
