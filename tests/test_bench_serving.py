@@ -240,9 +240,23 @@ def test_poisson_rate_spreads_dataset_arrivals(tmp_path, stub):
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i} len=1"} for i in range(5)])
     code, summary, records = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "20", "--raw-prompts")
     scheduled = [record["scheduled_s"] for record in records]
-    gaps = np.random.default_rng(0).exponential(1 / 20, size=5)
-    assert code == 0 and scheduled == pytest.approx(list(np.cumsum(gaps) - gaps[0]))
+    assert code == 0 and scheduled[0] == 0 and all(b > a for a, b in zip(scheduled, scheduled[1:]))
+    again = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "20", "--raw-prompts", name="again")[2]
+    assert [record["scheduled_s"] for record in again] == scheduled  # seeded: the same schedule
     assert summary["rate"] == 20 and summary["runs"][0]["offered_rps"] == 20
+
+
+def test_poisson_arrivals_have_exponential_gaps_at_the_rate():
+    from specforge_outlets.benchmarking.workload import poisson_arrivals
+
+    times = poisson_arrivals(20000, 8.0, seed=3)
+    gaps = np.diff(times)
+    assert times[0] == 0 and np.all(gaps > 0)
+    assert gaps.mean() == pytest.approx(1 / 8.0, rel=0.03)  # mean gap 1 / rate
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: std = mean
+    assert np.mean(gaps > 2 / 8.0) == pytest.approx(np.exp(-2), abs=0.01)  # P(gap > 2/rate) = e^-2
+    assert not np.array_equal(times, poisson_arrivals(20000, 8.0, seed=4))
+    assert np.array_equal(poisson_arrivals(3, float("inf"), seed=3), np.zeros(3))  # a burst
 
 
 def test_two_base_urls_alternate(tmp_path):

@@ -57,7 +57,7 @@ def chat(tmp_path_factory):
     return target, splits[0], splits[1]
 
 
-def make_export(target, directory, *, outlets_config=True):
+def make_export(target, directory, *, outlets_config=True, seed=0):
     """An untrained OUTLETS draft export for ``target`` (what `outlets export` writes)."""
     from transformers import AutoConfig
 
@@ -70,7 +70,7 @@ def make_export(target, directory, *, outlets_config=True):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          draft_vocab_size=t.vocab_size, architectures=[DRAFT_ARCHITECTURE], pad_token_id=0,
                          outlets_config=OutletsSettings().draft_config(t.hidden_size, t.num_hidden_layers).to_dict())
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = OutletsLlamaForCausalLMEagle3(config).float()
     model.save_pretrained(directory, state_dict={k: v for k, v in model.state_dict().items() if "embed" not in k})
     if not outlets_config:
@@ -85,6 +85,12 @@ def make_export(target, directory, *, outlets_config=True):
 @pytest.fixture(scope="module")
 def draft(chat, tmp_path_factory):
     return make_export(chat[0], tmp_path_factory.mktemp("draft") / "export")
+
+
+@pytest.fixture(scope="module")
+def other_draft(chat, tmp_path_factory):
+    """Another draft of the same shape (other weights): what the SD-only and LP-only rows are compared with."""
+    return make_export(chat[0], tmp_path_factory.mktemp("other-draft") / "export", seed=1)
 
 
 # --- the splits ---------------------------------------------------------------------------------
@@ -222,7 +228,7 @@ def noise_rows(words):
     return out
 
 
-def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
+def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
     import gzip
 
     from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
@@ -233,7 +239,8 @@ def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
     regenerated = load_split(test_dir).manifest["input"]  # its own responses: the noise floor of identical samples
     other = write_jsonl(tmp_path / "seed1.jsonl", noise_rows(lambda i: 3 + i))
     out = tmp_path / "report"
-    code = main(["eval", "--draft", draft, "--sd-only-draft", draft, "--lp-only-draft", draft, "--features", test_copy,
+    code = main(["eval", "--draft", draft, "--sd-only-draft", other_draft, "--lp-only-draft", other_draft,
+                 "--features", test_copy,
                  "--train-features", train_dir, "--target", target, "--output", str(out), "--timing-repeats", "5",
                  "--no-progress", "--baselines", "constant,probe,lm-classifier",  # each baseline has its own test above
                  "--noise-samples", str(regenerated), str(other)])
@@ -242,10 +249,14 @@ def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
     names = ["outlets", "lp-only", "constant", "probe-mid", "probe-last", "lm-classifier"]
     assert list(report["predictors"]) == names
     assert report["n_requests"] == 8 and report["n_censored"] == 1
+    # the report's MAE is the MAE of the predictions it wrote (the complete file, censored requests not scored)
+    complete = [json.loads(line) for line in gzip.decompress((out / "predictions.jsonl.gz").read_bytes()).splitlines()]
+    finished = [request for request in complete if not request["censored"]]
     for name in names:
         entry = report["predictors"][name]
-        assert entry["n_requests"] == report["n_requests"]
-        assert entry["static_mae"] >= 0 and entry["dynamic_mae"] >= 0
+        assert entry["n_requests"] == report["n_requests"] == len(finished)
+        assert entry["static_mae"] == pytest.approx(
+            np.mean([abs(r["static"][name] - r["true_output_len"]) for r in finished]), abs=0.05)  # written to 0.1
         for key in ("static_mae", "dynamic_mae"):
             low, high = entry[f"{key}_ci"]
             assert low <= entry[key] <= high
@@ -255,11 +266,13 @@ def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
         calibration = entry["calibration"]
         assert calibration["threshold"] == 800 and calibration["true_share_at_or_above"] == 0
         assert len(calibration["predicted_quantiles"]) == len(calibration["true_quantiles"]) == 19
-    # the same draft twice: the lp-only row is the outlets row
-    assert report["predictors"]["lp-only"]["static_mae"] == report["predictors"]["outlets"]["static_mae"]
+    # another draft: its own row
+    assert report["predictors"]["lp-only"]["static_mae"] != report["predictors"]["outlets"]["static_mae"]
     assert report["predictors"]["outlets"]["dynamic_source"] == "model"
     assert report["predictors"]["lm-classifier"]["dynamic_source"] == "countdown"
-    assert report["ranking"]["static_mae"][0] in names
+    by_static = sorted(names, key=lambda name: report["predictors"][name]["static_mae"])
+    assert [report["predictors"][name]["static_mae"] for name in report["ranking"]["static_mae"]] == \
+        [report["predictors"][name]["static_mae"] for name in by_static]
     floor = report["noise_floor"]
     # 7 test prompts with a labelled first turn (r100's was cut): samples = the test response, its own
     # regenerated copy (same length: counted the same way) and the seed-1 answer; r100 has the other two
@@ -267,17 +280,19 @@ def test_eval_writes_the_report(chat, draft, tmp_path, capsys):
     assert floor["static_mae"] > 0 and floor["static_mae_ci"][0] <= floor["static_mae"] <= floor["static_mae_ci"][1]
     drafting = report["drafting"]
     assert len(drafting["outlets"]["acceptance_rate_per_step"]) == 3
-    assert drafting["comparison"]["acceptance_rate_relative_change"] == 0  # the same draft twice
+    outlets_rate, sd_rate = drafting["outlets"]["mean_acceptance_rate"], drafting["sd_only"]["mean_acceptance_rate"]
+    assert drafting["comparison"]["acceptance_rate_relative_change"] == pytest.approx((outlets_rate - sd_rate) / sd_rate)
+    assert outlets_rate != sd_rate  # two drafts, two acceptance rates
     parameters = report["overhead"]["parameters"]
     assert parameters["length_head"] == 32 * 16 + 16 + 16 * 8 + 8 + 8 + 1
     assert 0 < parameters["head_share"] < 0.5 and report["overhead"]["timing"]["length_head_step_ms"] > 0
+    rows_ = read_jsonl(out / "predictions.jsonl")
     assert sorted(report["plots"]) == ["calibration_qq.png", "mae_vs_progress.png", "predicted_vs_true.png"]
     for plot in report["plots"]:
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     markdown = (out / "report.md").read_text()
     assert "| outlets |" in markdown and "| lp-only |" in markdown and "| sampling-noise floor |" in markdown
     assert "Overhead" in markdown and "Drafting" in markdown and "Calibration" in markdown
-    rows_ = read_jsonl(out / "predictions.jsonl")
     assert len(rows_) == 8 * len(names)
     assert set(rows_[0]) == {"id", "predictor", "predicted_output_len", "true_output_len"}
     # the complete predictions file: every request, censored included, every predictor

@@ -31,6 +31,7 @@ from specforge_outlets.scheduling import (
     predicted_output_budget,
     predicted_remaining,
     rank_load,
+    retraction_order_key,
     sjf_sort_key,
     tail_safe_sort_key,
 )
@@ -61,6 +62,27 @@ def test_sjf_key_orders_shortest_remaining_first_and_ties_by_arrival():
     assert sjf_sort_key(50, 0, 5.0, config) < sjf_sort_key(60, 0, 1.0, config)
     assert sjf_sort_key(90, 40, 5.0, config) < sjf_sort_key(60, 0, 1.0, config)  # 50 left < 60 left
     assert sjf_sort_key(60, 0, 1.0, config) < sjf_sort_key(60, 0, 2.0, config)  # tie -> earlier arrival
+
+
+def test_is_predicted_long_reads_the_remaining_length_against_the_threshold():
+    config = SchedulingConfig(prior_output_len=256, long_output_len=800)
+    assert is_predicted_long(800.0, 0, config) and not is_predicted_long(799.0, 0, config)  # the threshold is long
+    assert not is_predicted_long(1000.0, 201, config)  # 799 left: it has become short
+    assert not is_predicted_long(None, 0, config)  # the prior (256) is short
+    assert is_predicted_long(None, 0, SchedulingConfig(prior_output_len=900, long_output_len=800))
+
+
+def test_retraction_order_keeps_the_shortest_remaining_and_requests_at_their_retraction_limit():
+    config = SchedulingConfig(prior_output_len=256, max_retractions=2)
+    keys = {
+        "short": retraction_order_key(100.0, 0, 1.0, 0, config),  # 100 left
+        "long": retraction_order_key(3000.0, 0, 1.0, 0, config),  # 3000 left
+        "long-later": retraction_order_key(3000.0, 0, 2.0, 0, config),  # same work, arrived later
+        "long-run": retraction_order_key(3000.0, 2900, 0.5, 0, config),  # 100 left after 2900 tokens
+        "at-limit": retraction_order_key(5000.0, 0, 0.0, 2, config),  # retracted twice already
+    }
+    kept_first = sorted(keys, key=keys.__getitem__)  # SGLang retracts from the end
+    assert kept_first == ["at-limit", "long-run", "short", "long", "long-later"]
 
 
 def test_sjf_key_ages_linearly_with_waiting_time():

@@ -80,8 +80,11 @@ def test_entry_point_is_registered():
 
 
 def test_every_hook_is_applied(plugins_loaded):
-    assert len(state.registered_targets()) >= 11
-    assert sorted(plugins_loaded) == sorted(state.registered_targets())
+    from sglang_patches import registry
+
+    exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
+    assert len(exported) == len(set(exported)) == 16
+    assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
     assert SchedulePolicy.calc_priority.__wrapped__ is not None

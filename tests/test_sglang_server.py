@@ -104,8 +104,10 @@ class TestOutletsPolicy:
         assert re.search(r"^outlets_queue_order_changes_total\S* [1-9]", text, re.M), [
             line for line in text.splitlines() if "outlets" in line]
 
-    def test_greedy_tokens(self, server):
-        GREEDY_TOKENS["outlets"] = server.generate(PROMPT, max_new_tokens=6, predicted=3)["output_ids"]
+    def test_greedy_tokens_and_the_prediction_come_back(self, server):
+        response = server.generate(PROMPT, max_new_tokens=6, predicted=3)
+        assert len(response["output_ids"]) == 6 and response["meta_info"]["predicted_output_len"] == 3.0
+        GREEDY_TOKENS["outlets"] = response["output_ids"]  # compared with the stock server's below
 
 
 class TestStock:

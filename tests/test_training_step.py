@@ -98,14 +98,22 @@ def test_lp_only_ablation_drops_drafting_loss(tiny_target):
 
 
 @pytest.mark.parametrize("head_input", ["draft", "fused"])
-def test_bucket_and_fused_ablations_train(tiny_target, head_input):
-    _, model, strategy = make_step(tiny_target, head_type="buckets", head_input=head_input,
-                                   gated_attention=False, bucket_edges=(4, 16, 64))
-    out = strategy.forward_loss(make_batch())
+def test_bucket_and_fused_ablations_read_the_state_they_name(tiny_target, head_input):
+    """The length loss alone reaches the draft's decoder layer only when the head reads the draft state."""
+    install_cpu_loss()
+    settings = dict(head_type="buckets", head_input=head_input, gated_attention=False, bucket_edges=(4, 16, 64))
+    draft = make_draft(tiny_target, **settings)
+    model = OutletsEagle3Model(draft_model=draft, length=TTT, attention_backend="sdpa")
+    head = TargetHead.from_pretrained(tiny_target).float()
+    options = {**OutletsSettings(**settings).objective_options(), "length_l2_weight": 0.0, "sd_loss_weight": 0.0}
+    out = OutletsTrainStrategy(model, target_head=head, **options).forward_loss(make_batch())
     out.loss.backward()
-    assert model.draft_model.length_head.mlp[-1].out_features == 4
-    assert not hasattr(model.draft_model.midlayer.self_attn, "gate_proj")
-    assert torch.isfinite(out.loss)
+    assert draft.length_head.mlp[-1].out_features == 4  # one logit per bucket: (1, 4], (4, 16], (16, 64], > 64
+    assert not hasattr(draft.midlayer.self_attn, "gate_proj")
+    assert draft.fc.weight.grad.abs().sum() > 0  # both heads read through the fusion projection
+    layer_grad = draft.midlayer.mlp.down_proj.weight.grad
+    reaches_layer = layer_grad is not None and bool(layer_grad.abs().sum() > 0)
+    assert reaches_layer is (head_input == "draft")
 
 
 def test_cpu_loss_matches_the_kernel_definition_and_its_gradient():
