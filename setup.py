@@ -1,6 +1,21 @@
 """specforge-outlets: output-length prediction from EAGLE-3 draft states, on SpecForge and SGLang."""
 
+import os
+import shutil
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildWithRecipes(build_py):
+    """Ship recipes/ inside the package, so that an installed `outlets demo` finds them (resources.py)."""
+
+    def run(self):
+        super().run()
+        here = os.path.dirname(os.path.abspath(__file__))
+        shutil.copytree(os.path.join(here, "recipes"), os.path.join(self.build_lib, "specforge_outlets", "recipes"),
+                        dirs_exist_ok=True)
+
 
 setup(
     name="specforge-outlets",
@@ -11,6 +26,7 @@ setup(
     ),
     packages=find_packages(include=["specforge_outlets", "specforge_outlets.*", "sglang_patches", "sglang_patches.*"]),
     package_data={"specforge_outlets": ["data/builtin/*.jsonl"]},
+    cmdclass={"build_py": BuildWithRecipes},
     python_requires=">=3.10",
     install_requires=[
         "torch",

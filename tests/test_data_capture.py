@@ -212,3 +212,16 @@ def test_feature_subsets_are_nested_links_with_their_own_manifest(tmp_path):
         subset_features(str(source), str(tmp_path / "s11"), 11)
     with pytest.raises(OutletsError, match="not empty"):
         subset_features(str(source), str(tmp_path / "s3"), 3)
+
+
+def test_the_manifest_has_one_atomic_writer_and_one_reader_that_names_a_bad_file(tmp_path):
+    from specforge_outlets.data.manifest import read_manifest, write_manifest
+    from specforge_outlets.errors import OutletsError
+
+    assert read_manifest(str(tmp_path)) == {}  # features written by another tool
+    write_manifest(str(tmp_path), {"fusion_layers": [1, 2, 3], "files": []})
+    assert read_manifest(str(tmp_path)) == {"fusion_layers": [1, 2, 3], "files": []}
+    assert os.listdir(tmp_path) == ["manifest.json"]  # no temporary file left
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(OutletsError, match=r"manifest\.json: not readable JSON .*re-run `outlets capture`"):
+        read_manifest(str(tmp_path))

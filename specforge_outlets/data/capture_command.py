@@ -18,9 +18,9 @@ from typing import Any, Dict, List
 from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FEATURE_SUFFIX, save_features
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.data.manifest import write_manifest
 from specforge_outlets.errors import OutletsError
 
-MANIFEST = "manifest.json"
 MAX_REPORTED = 50
 
 
@@ -130,8 +130,7 @@ def _capture(args: argparse.Namespace) -> int:
         "counts": dict(sorted(counts.items())),
         "files": files,
     }
-    with open(os.path.join(args.output, MANIFEST), "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2)
+    write_manifest(args.output, manifest)
     print(
         f"wrote {counts['written']} feature files ({counts['labelled_tokens']} labelled tokens, "
         f"{counts['censored_spans']} censored responses), skipped {counts['skipped']} -> {args.output}"

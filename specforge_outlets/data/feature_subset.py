@@ -8,11 +8,10 @@ evaluation read it like any capture output and nothing is copied.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
-from specforge_outlets.data.capture_command import MANIFEST
+from specforge_outlets.data.manifest import MANIFEST, read_manifest, write_manifest
 from specforge_outlets.data.features import FEATURE_SUFFIX
 from specforge_outlets.errors import OutletsError
 
@@ -23,8 +22,9 @@ def subset_features(source: str, destination: str, count: int, seed: int = 0) ->
     The draw is nested: with the same seed, the files of a smaller subset are among those of a
     larger one, so the points of a learning curve differ only by the data added.
     """
-    with open(os.path.join(source, MANIFEST), encoding="utf-8") as handle:
-        manifest = json.load(handle)
+    manifest = read_manifest(source)
+    if not manifest:
+        raise OutletsError(f"subset of {source}: it has no {MANIFEST} (written by `outlets capture`)")
     files = [entry for entry in manifest["files"] if entry["file"].endswith(FEATURE_SUFFIX)]
     if not 0 < count <= len(files):
         raise OutletsError(f"subset of {count} from {source}: it has {len(files)} feature files")
@@ -41,6 +41,5 @@ def subset_features(source: str, destination: str, count: int, seed: int = 0) ->
         source_input = os.path.abspath(source_input if os.path.exists(source_input) else os.path.join(source, source_input))
     subset = {**manifest, "input": source_input, "files": chosen, "subset_of": os.path.abspath(source),
               "subset_seed": seed}
-    with open(os.path.join(destination, MANIFEST), "w", encoding="utf-8") as handle:
-        json.dump(subset, handle, indent=2)
+    write_manifest(destination, subset)
     return destination

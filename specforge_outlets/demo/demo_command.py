@@ -18,12 +18,12 @@ import time
 
 import yaml
 
+from specforge_outlets import resources
 from specforge_outlets.demo.stages import Stage, outlets, run_stages, stage_seconds
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_RECIPE = os.path.join(REPO_ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
-AZURE_TRACE = os.path.join(REPO_ROOT, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
-CLUSTER = os.path.join(REPO_ROOT, "recipes", "cluster-h100-1p3d.yaml")
+DEFAULT_RECIPE = resources.recipe("smollm2-135m-cpu-outlets.yaml")
+AZURE_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"  # in the shared data, when present
+CLUSTER = resources.recipe("cluster-h100-1p3d.yaml")
 # 1,024 new tokens: with the llama backend the demo can afford answers long enough that few are
 # censored (at 320 with the hf backend, 24 of 64 were).
 FULL = {"prompts": 80, "max_new_tokens": 1024, "epochs": 3, "sd_only": True}
@@ -54,7 +54,7 @@ def recipe_overrides(recipe: str, target: str) -> list[str]:
     overrides = [f"model.target_model_path={target}"]
     draft = model.get("draft_model_config")
     if draft and not os.path.isabs(draft):
-        overrides.append(f"model.draft_model_config={os.path.join(REPO_ROOT, draft)}")
+        overrides.append(f"model.draft_model_config={resources.recipe_relative(draft)}")
     return overrides
 
 
@@ -115,12 +115,14 @@ def build_stages(args, sizes) -> list[Stage]:
                 "--train-features", os.path.join(up["capture"], "train"),
                 "--target", target, "--output", os.path.join(out, "report"))
 
+    trace = resources.shared_data(AZURE_TRACE)
+
     def simulate(out, up):
         predictions = os.path.join(up["eval"], "report", "predictions", "outlets.jsonl")
-        if not os.path.isfile(AZURE_TRACE):
-            print(f"no trace at {AZURE_TRACE}: simulation skipped")
+        if trace is None:
+            print(f"no {AZURE_TRACE} in the shared data (${resources.ENV_SHARED_DIR} or ../shared): simulation skipped")
             return
-        outlets("simulate", "--trace", AZURE_TRACE, "--num-requests", "4000", "--config", CLUSTER, "--output", os.path.join(out, "report"),
+        outlets("simulate", "--trace", trace, "--num-requests", "4000", "--config", CLUSTER, "--output", os.path.join(out, "report"),
                 "--predictor", "file", "--predictions", predictions, "--rate-scale", "1", "3", "5")
 
     stages = [
@@ -135,7 +137,7 @@ def build_stages(args, sizes) -> list[Stage]:
                             trainer("outlets.length_loss_weight=0"), ("capture",)))
     eval_needs = ("capture", "train_outlets") + (("train_sd_only",) if sizes["sd_only"] else ())
     stages.append(Stage("eval", {"baselines": args.baselines}, evaluate, eval_needs))
-    stages.append(Stage("simulate", {"trace": os.path.isfile(AZURE_TRACE)}, simulate, ("eval",)))
+    stages.append(Stage("simulate", {"trace": trace is not None}, simulate, ("eval",)))
     return stages
 
 

@@ -26,9 +26,9 @@ import torch
 from specforge_outlets.data.features import FEATURE_SUFFIX, LENGTH_KEY, load_features
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 from specforge_outlets.data.labels import response_spans
+from specforge_outlets.data.manifest import MANIFEST, read_manifest
 from specforge_outlets.errors import OutletsError
 
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def load_split(directory: str, *, hidden_size: Optional[int] = None, name: str =
     paths = sorted(glob.glob(os.path.join(directory, f"*{FEATURE_SUFFIX}")), key=_natural_key)
     if not paths:
         raise OutletsError(f"--{name} {directory}: no *{FEATURE_SUFFIX} feature files (an empty split)")
-    manifest = _read_manifest(directory)
+    manifest = read_manifest(directory)
     ids = {entry["file"]: str(entry["id"]) for entry in manifest.get("files", []) if "file" in entry and "id" in entry}
     rows = _read_rows(manifest, directory)
     if hidden_size is None and manifest.get("hidden_size"):
@@ -145,17 +145,6 @@ def _assistant_prompts(row: Optional[Dict[str, Any]], spans: int) -> Optional[Li
         if turn.get("role") == "assistant":
             prompts.append(tuple({"role": t["role"], "content": t["content"]} for t in turns[:index]))
     return prompts[:spans] if len(prompts) >= spans else None
-
-
-def _read_manifest(directory: str) -> Dict[str, Any]:
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise OutletsError(f"{path}: not readable JSON ({exc})") from exc
 
 
 def regenerated_jsonl(manifest: Dict[str, Any], directory: str) -> Optional[str]:

@@ -6,13 +6,12 @@ workers it starts (torchrun, several nodes) re-read the same recipe.
 
 from __future__ import annotations
 
-import json
 import os
 
+from specforge_outlets.data.manifest import manifest_path, read_manifest
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.training.recipe import Recipe
 
-MANIFEST = "manifest.json"  # written by `outlets capture` next to the feature files
 
 
 def check_recipe(recipe: Recipe, algorithm):
@@ -91,16 +90,13 @@ def _check_features(cfg, draft_config) -> None:
         raise OutletsError(f"data.hidden_states_path={path} holds no .ckpt feature files; run `outlets capture`")
     target_hidden = getattr(draft_config, "target_hidden_size", draft_config.hidden_size)
     load_features(files[0], hidden_size=target_hidden)
-    manifest_path = os.path.join(path, MANIFEST)
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            captured = json.load(f).get("fusion_layers")
-        expected = list(read_outlets_config(draft_config).fusion_layers)
-        if captured is not None and list(captured) != expected:
-            raise OutletsError(
-                f"{manifest_path}: features were captured at fusion layers {captured} but the draft "
-                f"fuses {expected}; set outlets.fusion_layers: {captured} or re-capture"
-            )
+    captured = read_manifest(path).get("fusion_layers")
+    expected = list(read_outlets_config(draft_config).fusion_layers)
+    if captured is not None and list(captured) != expected:
+        raise OutletsError(
+            f"{manifest_path(path)}: features were captured at fusion layers {captured} but the draft "
+            f"fuses {expected}; set outlets.fusion_layers: {captured} or re-capture"
+        )
 
 
 def _check_resume(cfg) -> None:
