@@ -424,3 +424,25 @@ def test_predictions_file_is_sent_with_the_requests_it_names(tmp_path, stub, cap
     code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
                        "--predictions", bad, name="bad")
     assert code == 2 and f"--predictions {bad} line 1: needs an id and a positive predicted_output_len" in capsys.readouterr().err
+
+
+def test_the_predictions_file_has_one_writer_and_one_reader_for_simulate_and_bench_serving(tmp_path):
+    from specforge_outlets.errors import OutletsError
+    from specforge_outlets.evaluation.predictions_file import (
+        PredictionRow, predictions_by_id, read_predictions, write_predictions,
+    )
+    from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+    from specforge_outlets.simulation.trace import Trace
+
+    path = str(tmp_path / "predictions" / "outlets.jsonl")
+    rows = [PredictionRow("a", 12.5, 10.0), PredictionRow("b", 300.0, 280.0)]
+    write_predictions(path, rows)
+    assert read_predictions(path) == rows and predictions_by_id(path) == {"a": 12.5, "b": 300.0}
+    trace = Trace("t", ["b", "a"], np.zeros(2), np.ones(2, np.int64), np.array([280, 10], np.int64))
+    assert predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=path) == [300.0, 12.5]
+    with open(path, "a") as handle:
+        handle.write('{"id": "c", "predicted_output_len": -3}\n')
+    with pytest.raises(OutletsError, match=r"outlets\.jsonl line 3: needs an id and a positive predicted_output_len"):
+        predictions_by_id(path)
+    with pytest.raises(OutletsError, match=r"line 3"):
+        predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=path)

@@ -74,8 +74,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from specforge_outlets.benchmarking.client import SamplingSettings, check_server
     from specforge_outlets.benchmarking.workload import (
-        load_dataset_workload, load_predictions, load_tokenizer, load_trace_workload,
+        load_dataset_workload, load_tokenizer, load_trace_workload,
     )
+    from specforge_outlets.evaluation.predictions_file import predictions_by_id
 
     _validate(args)
     urls = [url.rstrip("/") for url in args.base_url]
@@ -84,7 +85,7 @@ def run(args) -> int:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
                                          args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
                                          oracle_prediction=args.oracle_prediction,
-                                         predictions=load_predictions(args.predictions) if args.predictions else None)
+                                         predictions=predictions_by_id(args.predictions) if args.predictions else None)
         with_prediction = sum(request.prediction is not None for request in workload.requests)
         if args.predictions and with_prediction < len(workload.requests):
             print(f"warning: --predictions {args.predictions} names {with_prediction} of {len(workload.requests)} "

@@ -214,24 +214,6 @@ def _prompt_of(row: Dict) -> Tuple[Optional[str], Optional[str]]:
     return None, "no user turn (role 'user' or from 'human') in messages/conversations"
 
 
-def load_predictions(path: str) -> Dict[str, float]:
-    """id -> predicted_output_len from a JSONL (``outlets eval`` writes ``predictions/<name>.jsonl``)."""
-    if not os.path.isfile(path):
-        raise OutletsError(f"--predictions {path}: no such file")
-    predictions: Dict[str, float] = {}
-    for line_number, row in iter_jsonl(path):
-        where = f"--predictions {path} line {line_number}"
-        if isinstance(row, BadLine):
-            raise OutletsError(f"{where}: {row}")
-        value = row.get("predicted_output_len") if "id" in row else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise OutletsError(f"{where}: needs an id and a positive predicted_output_len, got {row!r}")
-        predictions[str(row["id"])] = float(value)
-    if not predictions:
-        raise OutletsError(f"--predictions {path}: no predictions")
-    return predictions
-
-
 def _output_length_of(row: Dict, default: int) -> Tuple[int, Optional[str]]:
     if "output_length" not in row:
         return default, None

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from specforge_outlets.data.jsonl import write_jsonl
+from specforge_outlets.evaluation.predictions_file import write_predictions
 from specforge_outlets.errors import OutletsError
 
 # name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
@@ -212,10 +214,12 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
                      predict_seconds=round(done - fitted, 2), info=predictor.info)
         results[predictor.name] = entry
         all_predictions[predictor.name] = predictions
-        rows = reporting.prediction_rows(predictor.name, test, predictions)
-        reporting.write_jsonl(os.path.join(out, "predictions", f"{predictor.name}.jsonl"), rows)
-        all_rows += rows
-    reporting.write_jsonl(os.path.join(out, "predictions.jsonl"), all_rows)
+        rows = reporting.prediction_rows(test, predictions)
+        write_predictions(os.path.join(out, "predictions", f"{predictor.name}.jsonl"), rows)
+        all_rows += [(predictor.name, row) for row in rows]
+    write_jsonl(os.path.join(out, "predictions.jsonl"), [  # every predictor's rows in one file, named
+        {"id": row.id, "predictor": name, "predicted_output_len": row.predicted_output_len,
+         "true_output_len": row.true_output_len} for name, row in all_rows])
     reporting.write_jsonl_gz(os.path.join(out, PREDICTIONS_GZ), reporting.request_rows(everything, every_prediction))
 
     drafting_report = None

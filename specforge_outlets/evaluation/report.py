@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from specforge_outlets.evaluation.predictions_file import PredictionRow
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation import metrics
 from specforge_outlets.evaluation.predictor import Prediction
@@ -76,12 +77,10 @@ def noise_floor(samples: NoiseSamples, *, seed: int = 0) -> Dict[str, Any]:
     }
 
 
-def prediction_rows(name: str, test: Split, predictions: List[Prediction]) -> List[Dict[str, Any]]:
-    return [
-        {"id": r.id, "predictor": name, "predicted_output_len": round(max(p.static, MIN_WRITTEN_PREDICTION), 3),
-         "true_output_len": r.length}
-        for r, p in zip(test.requests, predictions)
-    ]
+def prediction_rows(test: Split, predictions: List[Prediction]) -> List[PredictionRow]:
+    """The rows of ``predictions/<name>.jsonl``: r̂₀ as the serving side reads it (at least one token)."""
+    return [PredictionRow(r.id, round(max(p.static, MIN_WRITTEN_PREDICTION), 3), r.length)
+            for r, p in zip(test.requests, predictions)]
 
 
 def request_rows(everything: Split, predictions: Dict[str, List[Prediction]]) -> List[Dict[str, Any]]:
@@ -95,12 +94,6 @@ def request_rows(everything: Split, predictions: Dict[str, List[Prediction]]) ->
             "dynamic": {name: np.round(p.dynamic, 1).tolist() for name, p in own.items() if p.dynamic is not None},
         })
     return rows
-
-
-def write_jsonl(path: str, rows: List[Dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
 
 
 def write_jsonl_gz(path: str, rows: List[Dict[str, Any]]) -> None:

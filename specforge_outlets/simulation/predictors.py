@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, read_predictions
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.simulation.trace import Trace
 
@@ -26,7 +26,6 @@ from specforge_outlets.simulation.trace import Trace
 DEFAULT_NOISE_SIGMA = 0.5
 # Equal-count true-length buckets of the empirical error distribution.
 NUM_ERROR_BUCKETS = 8
-TRUE_LENGTH_FIELDS = ("true_output_len", "output_length")
 
 
 class PredictorKind(Enum):
@@ -62,36 +61,20 @@ def predict_lengths(
 
 
 def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:
-    predicted: Dict[str, float] = {}
-    log_errors: List[float] = []
-    true_lens: List[float] = []
-    for line_number, row in iter_jsonl(path):
-        if isinstance(row, BadLine):
-            raise OutletsError(str(row))
-        where = f"predictions {path} line {line_number}"
-        if "id" not in row or "predicted_output_len" not in row:
-            raise OutletsError(f"{where}: each line needs id and predicted_output_len")
-        value = row["predicted_output_len"]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise OutletsError(f"{where}: predicted_output_len must be a positive number, got {value!r}")
-        predicted[str(row["id"])] = float(value)
-        true = next((row[field] for field in TRUE_LENGTH_FIELDS if field in row), None)
-        if true is not None:
-            if not isinstance(true, (int, float)) or isinstance(true, bool) or not true > 0:
-                raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
-            true_lens.append(float(true))
-            log_errors.append(math.log(value / true))
-    if not predicted:
-        raise OutletsError(f"predictions {path}: no predictions")
+    rows = read_predictions(path)
+    predicted = {row.id: row.predicted_output_len for row in rows}
     missing = [request_id for request_id in trace.ids if request_id not in predicted]
     if not missing:
         return [predicted[request_id] for request_id in trace.ids]
-    if not log_errors:
+    known = [row for row in rows if row.true_output_len is not None]
+    if not known:
         raise OutletsError(
-            f"predictions {path}: {len(missing)} trace id(s) missing (first: {missing[0]!r}) and no "
+            f"--predictions {path}: {len(missing)} trace id(s) missing (first: {missing[0]!r}) and no "
             f"{' or '.join(TRUE_LENGTH_FIELDS)} field to sample errors from; join on the same ids or add true lengths"
         )
-    return _sample_errors(np.asarray(true_lens), np.asarray(log_errors), trace, rng)
+    true_lens = np.array([row.true_output_len for row in known])
+    log_errors = np.log(np.array([row.predicted_output_len for row in known]) / true_lens)
+    return _sample_errors(true_lens, log_errors, trace, rng)
 
 
 def _sample_errors(

@@ -1,0 +1,63 @@
+"""The per-request predictions file (``predictions/<predictor>.jsonl``): ``outlets eval`` writes it, the serving side reads it.
+
+One JSON object per request: ``id``, ``predicted_output_len`` (> 0) and, when known,
+``true_output_len``. ``outlets simulate --predictor file`` joins it to a trace by id (or, without
+a shared id, samples its errors at the same true length); ``outlets bench-serving --predictions``
+sends each value with its request. Both read it here, so a file one accepts the other accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl, write_jsonl
+from specforge_outlets.errors import OutletsError
+
+# Fields a row's true length may come under (``output_length``: traces and bench-serving records).
+TRUE_LENGTH_FIELDS = ("true_output_len", "output_length")
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    id: str
+    predicted_output_len: float
+    true_output_len: Optional[float] = None
+
+
+def write_predictions(path: str, rows: List[PredictionRow]) -> None:
+    """Write the file atomically (temporary name, then rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_jsonl(path, [{"id": row.id, "predicted_output_len": row.predicted_output_len,
+                        "true_output_len": row.true_output_len} for row in rows])
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def read_predictions(path: str, flag: str = "--predictions") -> List[PredictionRow]:
+    """Every row of the file; a bad row is refused naming the flag, the file and the line."""
+    if not os.path.isfile(path):
+        raise OutletsError(f"{flag} {path}: no such file")
+    rows: List[PredictionRow] = []
+    for line_number, row in iter_jsonl(path):
+        where = f"{flag} {path} line {line_number}"
+        if isinstance(row, BadLine):
+            raise OutletsError(f"{where}: {row}")
+        if "id" not in row or not _positive(row.get("predicted_output_len")):
+            raise OutletsError(f"{where}: needs an id and a positive predicted_output_len, got {row!r}")
+        true = next((row[field] for field in TRUE_LENGTH_FIELDS if row.get(field) is not None), None)
+        if true is not None and not _positive(true):
+            raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
+        rows.append(PredictionRow(str(row["id"]), float(row["predicted_output_len"]),
+                                  None if true is None else float(true)))
+    if not rows:
+        raise OutletsError(f"{flag} {path}: no predictions")
+    return rows
+
+
+def predictions_by_id(path: str, flag: str = "--predictions") -> Dict[str, float]:
+    return {row.id: row.predicted_output_len for row in read_predictions(path, flag)}
