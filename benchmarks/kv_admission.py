@@ -31,7 +31,8 @@ from typing import Dict, List
 from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig, KVAdmission, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
-from specforge_outlets.simulation.metrics import pipe_table, summarize
+from specforge_outlets.serving.metrics import pipe_table
+from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 
 from tail_safe_sweep import CLUSTER, LOADS, NOISE, SHORT_THRESHOLD, TRACE, loaded_throughput, workloads

@@ -23,7 +23,7 @@ from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingC
 from specforge_outlets.simulation.cluster import cluster_config_from_dict
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import GIB, H100_SXM, LLAMA_3_1_8B
-from specforge_outlets.simulation.trace import Trace
+from specforge_outlets.serving.trace import Trace
 
 REFERENCE_THROUGHPUT_TOK_S = 8088.35
 REFERENCE_MEDIAN_TPOT_MS = 25.57

@@ -20,7 +20,7 @@ from specforge_outlets.simulation.cluster import cluster_config_from_dict
 from specforge_outlets.simulation.engine import Simulation
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.simulation.study import policy_grid
-from specforge_outlets.simulation.trace import Trace, load_trace, synthetic_poisson
+from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
 
 AZURE_CONV = "/work/shared/data/traces/AzureLLMInferenceTrace_conv.csv"
 RATE_RPS = 25.0  # ~4.5x the Azure conversation trace's rate: near the 1P+3D saturation

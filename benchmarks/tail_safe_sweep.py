@@ -39,9 +39,9 @@ import numpy as np
 from specforge_outlets.scheduling import DEFAULT_LONG_HOLDBACK, QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import KVAdmission, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation, SimulationResult
-from specforge_outlets.simulation.metrics import summarize
+from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-from specforge_outlets.simulation.trace import Trace, load_trace
+from specforge_outlets.serving.trace import Trace, load_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE = os.path.join(REPO, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")

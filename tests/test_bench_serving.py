@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from specforge_outlets.cli import main
-from specforge_outlets.simulation.metrics import json_safe, percentile, summarize_requests
+from specforge_outlets.serving.metrics import json_safe, percentile, summarize_requests
 
 
 class StubGenerateServer:
@@ -432,7 +432,7 @@ def test_the_predictions_file_has_one_writer_and_one_reader_for_simulate_and_ben
         PredictionRow, predictions_by_id, read_predictions, write_predictions,
     )
     from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-    from specforge_outlets.simulation.trace import Trace
+    from specforge_outlets.serving.trace import Trace
 
     path = str(tmp_path / "predictions" / "outlets.jsonl")
     rows = [PredictionRow("a", 12.5, 10.0), PredictionRow("b", 300.0, 280.0)]

@@ -232,7 +232,7 @@ def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
     import gzip
 
     from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-    from specforge_outlets.simulation.trace import Trace
+    from specforge_outlets.serving.trace import Trace
 
     target, train_dir, test_dir = chat
     test_copy = censored_copy(test_dir, tmp_path / "test")

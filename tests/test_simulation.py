@@ -12,9 +12,9 @@ from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingC
 from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_from_dict, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
-from specforge_outlets.simulation.metrics import summarize
+from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-from specforge_outlets.simulation.trace import Trace, load_trace, synthetic_poisson
+from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
 
 # Every step (prefill batch, decode step, mixed step) takes exactly one second; prefill tokens,
 # KV bytes and weights cost nothing, so timelines can be computed by hand.

@@ -4,7 +4,7 @@ SGLang's ``python -m sglang.bench_serving`` generates load and records requests,
 replay at the trace's own arrival times, no short/long breakdown, keeps no ``meta_info`` (the server's
 length prediction) and writes its own metric names. This command sends the same native ``/generate``
 requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
-(workload.py), and summarizes them with the simulator's metrics (``simulation/metrics.py``) into the
+(workload.py), and summarizes them with the simulator's metrics (``serving/metrics.py``) into the
 simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
 simulated ones.
 
@@ -25,7 +25,6 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-ARTIFACTS = ("requests.jsonl", "summary.md", "summary.json")  # rename order: summary.json last
 
 
 def register(subparsers) -> None:
@@ -218,7 +217,7 @@ def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, floa
     """The simulator's metrics from client records (times relative to the run's start)."""
     import numpy as np
 
-    from specforge_outlets.simulation.metrics import summarize_requests
+    from specforge_outlets.serving.metrics import summarize_requests
 
     sent = np.array([record.sent_s for record in records], dtype=np.float64)
     ttft = np.array([math.nan if record.ttft_s is None else record.ttft_s for record in records], dtype=np.float64)
@@ -232,27 +231,15 @@ def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, floa
 
 
 def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:
-    """Write every file to a temporary name, then rename them, summary.json last."""
-    from specforge_outlets.simulation.metrics import json_safe
+    """Write every file atomically, summary.json last: an interrupted run leaves the previous results untouched."""
+    from specforge_outlets.atomic import write_text_atomic
+    from specforge_outlets.serving.metrics import json_safe
+    from specforge_outlets.serving.summary import write_summary
 
-    os.makedirs(output_dir, exist_ok=True)
-    contents = {
-        "requests.jsonl": "".join(json.dumps(json_safe(record.to_json()), allow_nan=False) + "\n" for record in records),
-        "summary.md": markdown_summary(header, row),
-        "summary.json": json.dumps(json_safe({**header, "runs": [row]}), indent=2, allow_nan=False) + "\n",
-    }
-    temporary = {}
-    for name in ARTIFACTS:
-        temporary[name] = os.path.join(output_dir, f".{name}.tmp-{os.getpid()}")
-        with open(temporary[name], "w", encoding="utf-8") as handle:
-            handle.write(contents[name])
-            handle.flush()
-            os.fsync(handle.fileno())
-    paths = []
-    for name in ARTIFACTS:
-        paths.append(os.path.join(output_dir, name))
-        os.replace(temporary[name], paths[-1])
-    return paths
+    requests = "".join(json.dumps(json_safe(record.to_json()), allow_nan=False) + "\n" for record in records)
+    return [write_text_atomic(os.path.join(output_dir, "requests.jsonl"), requests),
+            write_text_atomic(os.path.join(output_dir, "summary.md"), markdown_summary(header, row)),
+            write_summary(output_dir, header, [row])]
 
 
 # (header, metric key, format) per class table column.
@@ -269,7 +256,7 @@ MARKDOWN_COLUMNS = (
 
 
 def markdown_summary(header: Dict, row: Dict) -> str:
-    from specforge_outlets.simulation.metrics import CLASSES, format_metric, pipe_table
+    from specforge_outlets.serving.metrics import CLASSES, format_metric, pipe_table
 
     metrics = row["metrics"]
     lines = [f"# Serving benchmark: {row['label']}", ""]

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from specforge_outlets.serving.summary import read_summary
 from specforge_outlets.errors import OutletsError
 
 POLICY_KEYS = ("study", "routing", "queue", "predictor", "rate_scale")
@@ -66,27 +67,10 @@ def run(args) -> int:
 
 def load_rows(directory: str) -> List[RunRow]:
     """Every row of ``directory/summary.json``; a missing or malformed file names the directory."""
-    path = os.path.join(directory, "summary.json") if os.path.isdir(directory) else directory
-    if not os.path.isfile(path):
-        raise OutletsError(f"{directory}: no summary.json; give an output directory of outlets bench-serving or "
-                           "outlets simulate (an interrupted run has none)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            summary = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OutletsError(f"{path}: not valid JSON ({exc}); rerun the command that wrote it") from None
-    runs = summary.get("runs") if isinstance(summary, dict) else None
-    if not isinstance(runs, list) or not runs:
-        raise OutletsError(f"{path}: no 'runs' list; not a summary of outlets bench-serving or outlets simulate")
-    name = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(path))))
+    summary = read_summary(directory)
+    name = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(summary["path"]))))
     kind = summary.get("kind", "simulate")
-    rows = []
-    for index, row in enumerate(runs):
-        metrics = row.get("metrics") if isinstance(row, dict) else None
-        if not isinstance(metrics, dict) or any(not isinstance(metrics.get(c), dict) for c in ("all", "short", "long")):
-            raise OutletsError(f"{path}: runs[{index}] has no metrics for all/short/long; rerun the command that wrote it")
-        rows.append(RunRow(name, _label(row), kind, row))
-    return rows
+    return [RunRow(name, _label(row), kind, row) for row in summary["runs"]]
 
 
 def _label(row: Dict) -> str:
@@ -99,7 +83,7 @@ def _label(row: Dict) -> str:
 
 
 def _value(row: RunRow, cls: Optional[str], key: str) -> float:
-    from specforge_outlets.simulation.metrics import metric_value
+    from specforge_outlets.serving.metrics import metric_value
 
     source = row.row if cls is None else row.row["metrics"][cls]
     if key == "failed" and key not in source:
@@ -111,7 +95,7 @@ def _value(row: RunRow, cls: Optional[str], key: str) -> float:
 
 
 def markdown_table(rows: List[RunRow]) -> str:
-    from specforge_outlets.simulation.metrics import format_metric, pipe_table
+    from specforge_outlets.serving.metrics import format_metric, pipe_table
 
     policy_keys = [key for key in POLICY_KEYS if any(key in r.row for r in rows)]
     header = ["run", "label", "kind"] + policy_keys + [column[0] for column in METRIC_COLUMNS]

@@ -7,7 +7,7 @@ Two sources:
   Prompts are rendered with the target's chat template (``--tokenizer``) and sent as token ids, so the
   server sees exactly what a chat client would send and the prompt length is known; ``--raw-prompts``
   sends the text as is (the server reports the prompt length).
-- a **trace** (Azure CSV or JSONL, :func:`specforge_outlets.simulation.trace.load_trace`) replayed at its
+- a **trace** (Azure CSV or JSONL, :func:`specforge_outlets.serving.trace.load_trace`) replayed at its
   own arrival times (``--rate-scale`` divides them), as in the simulator. A trace has lengths but no
   text, so each request is ``input_length`` random token ids and must generate exactly
   ``output_length`` tokens (``ignore_eos``), like SGLang's ``random`` dataset: the load matches the
@@ -28,7 +28,7 @@ import numpy as np
 
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.simulation.trace import poisson_arrival_times
+from specforge_outlets.serving.trace import poisson_arrival_times
 
 # Token ids for synthetic trace prompts when no tokenizer says which ids exist: inside any real
 # vocabulary (Llama 3: 128k, Qwen: 151k, SmolLM2: 49k) and clear of the special tokens at its ends.
@@ -166,7 +166,7 @@ def load_trace_workload(
     seed: int = 0,
 ) -> Workload:
     """A trace replayed at its arrival times / ``rate_scale``, with synthetic token-id prompts."""
-    from specforge_outlets.simulation.trace import load_trace
+    from specforge_outlets.serving.trace import load_trace
 
     trace = load_trace(path)
     if num_requests is not None:

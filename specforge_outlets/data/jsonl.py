@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from specforge_outlets.atomic import write_text_atomic
+
 
 class BadLine(Exception):
     """A line that is not a JSON object; the message says which line and why."""
@@ -35,11 +37,7 @@ def iter_jsonl(path: str) -> Iterator[Tuple[int, Any]]:
 
 def write_jsonl(path: str, rows: List[Dict[str, Any]]) -> None:
     """Write a whole file atomically (temporary name, then rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def recover_jsonl(path: str) -> List[Dict[str, Any]]:

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any, Dict
 
+from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.errors import OutletsError
 
 MANIFEST = "manifest.json"
@@ -23,12 +24,7 @@ def manifest_path(directory: str) -> str:
 
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> str:
     """Write ``directory/manifest.json`` under a temporary name, then rename it into place."""
-    path = manifest_path(directory)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2)
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(manifest_path(directory), json.dumps(manifest, indent=2))
 
 
 def read_manifest(directory: str) -> Dict[str, Any]:

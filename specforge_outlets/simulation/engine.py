@@ -38,7 +38,7 @@ from specforge_outlets.scheduling import (
     retraction_order_key,
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
-from specforge_outlets.simulation.trace import Trace
+from specforge_outlets.serving.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
 BOUNDARY_TOLERANCE_S = 1e-9

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
 from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, read_predictions
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.simulation.trace import Trace
+from specforge_outlets.serving.trace import Trace
 
 # Default spread of the noisy predictor: sigma = 0.5 puts the 16th-84th percentile of the error
 # at x0.61 to x1.65 of the true length.

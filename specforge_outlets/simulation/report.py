@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List
 
-from specforge_outlets.simulation.metrics import json_safe
-from specforge_outlets.simulation.metrics import pipe_table
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.serving.summary import write_summary
+from specforge_outlets.serving.metrics import pipe_table
 from specforge_outlets.simulation.study import POLICY_STUDY, PREDICTOR_STUDY
 
 # Columns of the markdown tables: (header, metrics class, metric key, format).
@@ -27,12 +27,9 @@ TABLE_COLUMNS = (
 def write_report(output_dir: str, header: Dict, rows: List[Dict]) -> List[str]:
     """Write the summary files and plots; return their paths."""
     os.makedirs(output_dir, exist_ok=True)
-    paths = [os.path.join(output_dir, "summary.json"), os.path.join(output_dir, "summary.md")]
-    with open(paths[0], "w", encoding="utf-8") as handle:
-        json.dump(json_safe({**header, "runs": rows}), handle, indent=2, allow_nan=False)
-    with open(paths[1], "w", encoding="utf-8") as handle:
-        handle.write(markdown_summary(header, rows))
+    paths = [write_text_atomic(os.path.join(output_dir, "summary.md"), markdown_summary(header, rows))]
     paths += _plots(output_dir, rows)
+    paths.append(write_summary(output_dir, header, rows))  # last: the run is complete
     return paths
 
 

@@ -67,7 +67,7 @@ def run(args) -> int:
     from specforge_outlets.simulation.predictors import PredictorKind
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
-    from specforge_outlets.simulation.trace import load_trace, synthetic_poisson
+    from specforge_outlets.serving.trace import load_trace, synthetic_poisson
 
     cluster = load_cluster_config(args.config)
     if args.poisson_rate is not None:

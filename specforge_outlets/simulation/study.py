@@ -12,9 +12,22 @@ from typing import Callable, Dict, List, Optional, Sequence
 from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig
 from specforge_outlets.simulation.engine import Policy, Simulation
-from specforge_outlets.simulation.metrics import summarize
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-from specforge_outlets.simulation.trace import Trace
+from specforge_outlets.serving.metrics import DEFAULT_SHORT_THRESHOLD, summarize_requests
+from specforge_outlets.serving.trace import Trace
+from specforge_outlets.simulation.engine import SimulationResult
+
+def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THRESHOLD) -> Dict[str, Dict[str, float]]:
+    """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``."""
+    return summarize_requests(
+        arrival_times=result.arrival_times,
+        first_token_times=result.first_token_times,
+        finish_times=result.finish_times,
+        output_lens=result.output_lens,
+        queue_delays=result.queue_delays,
+        short_threshold=short_threshold,
+    )
+
 
 POLICY_STUDY = "policies"
 PREDICTOR_STUDY = "predictors"

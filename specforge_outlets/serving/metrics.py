@@ -2,7 +2,8 @@
 
 One schema for simulated runs (``outlets simulate``) and measured ones (``outlets bench-serving``),
 so that both compare side by side (``outlets compare-runs``). The computation takes plain per-request
-arrays; :func:`summarize` feeds it a simulation result, the benchmark feeds it client-side records.
+arrays; the simulator feeds it a simulation result (``simulation.study.summarize``), the benchmark
+client-side records.
 
 Throughput is output tokens of successful requests over the makespan (first arrival to last finish
 or failure); a class's throughput is its own output tokens over that same makespan.
@@ -21,29 +22,14 @@ Queueing delay is reported only when it is known (the simulator); a client canno
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 import numpy as np
-
-if TYPE_CHECKING:  # the benchmark uses this module without the simulator
-    from specforge_outlets.simulation.engine import SimulationResult
 
 # Requests with fewer output tokens than this are "short" (the method's threshold).
 DEFAULT_SHORT_THRESHOLD = 800
 CLASSES = ("all", "short", "long")
 INF_JSON = "inf"
-
-
-def summarize(result: "SimulationResult", short_threshold: int = DEFAULT_SHORT_THRESHOLD) -> Dict[str, Dict[str, float]]:
-    """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``."""
-    return summarize_requests(
-        arrival_times=result.arrival_times,
-        first_token_times=result.first_token_times,
-        finish_times=result.finish_times,
-        output_lens=result.output_lens,
-        queue_delays=result.queue_delays,
-        short_threshold=short_threshold,
-    )
 
 
 def summarize_requests(
