@@ -37,6 +37,7 @@ from specforge_outlets.data.regenerate_command import side_paths
 from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
+from specforge_outlets.evaluation.report_file import read_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
@@ -204,15 +205,11 @@ def run() -> int:
 
 def write_learning_curve(report_dirs: Sequence[str]) -> None:
     """``PACKED/eval/learning_curve.json`` and its figure from the full run's and the subsets' reports."""
-    reports = []
-    for directory in report_dirs:
-        with open(os.path.join(directory, "report.json"), encoding="utf-8") as handle:
-            reports.append(json.load(handle))
+    reports = [read_report(directory) for directory in report_dirs]
     rows = curve_points(reports)
     with open(os.path.join(PACKED, "eval", "learning_curve.json"), "w", encoding="utf-8") as handle:
         json.dump(rows, handle, indent=2)
-    floor = (reports[0].get("noise_floor") or {}).get("static_mae")
-    plot_curve(rows, floor, CURVE_FIGURE)
+    plot_curve(rows, reports[0].noise_floor_static_mae, CURVE_FIGURE)
     print(json.dumps(rows, indent=2))
 
 

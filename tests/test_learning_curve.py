@@ -4,11 +4,12 @@ import pytest
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
+from specforge_outlets.evaluation.report_file import EvalReport, PredictorScore, read_report, write_report
 
 
 def report(n_train, maes, features="/runs/features/test"):
-    return {"features": features, "n_train_requests": n_train, "predictors": {
-        name: {"static_mae": mae, "static_mae_ci": [mae - 5, mae + 5], "spearman": 0.4} for name, mae in maes.items()}}
+    return EvalReport("report.json", features, 100, n_train, {
+        name: PredictorScore(mae, (mae - 5, mae + 5), None, 0.4) for name, mae in maes.items()}, None)
 
 
 def test_points_follow_training_size_and_skip_missing_predictors(tmp_path):
@@ -24,3 +25,19 @@ def test_points_follow_training_size_and_skip_missing_predictors(tmp_path):
 def test_reports_of_different_test_splits_are_refused():
     with pytest.raises(OutletsError, match="one test split"):
         curve_points([report(250, {"outlets": 1.0}), report(500, {"outlets": 1.0}, features="/other")])
+
+
+def test_the_report_is_read_typed_and_a_stale_or_broken_one_is_named(tmp_path):
+    raw = {"version": 2, "features": "/f", "n_requests": 8, "n_train_requests": 16, "noise_floor": {"static_mae": 3.5},
+           "predictors": {"outlets": {"static_mae": 40.0, "static_mae_ci": [30.0, 50.0], "dynamic_mae": 20.0,
+                                      "spearman": 0.5}}}
+    write_report(str(tmp_path), raw)
+    read = read_report(str(tmp_path))
+    assert read.predictors["outlets"] == PredictorScore(40.0, (30.0, 50.0), 20.0, 0.5)
+    assert (read.n_requests, read.n_train_requests, read.noise_floor_static_mae) == (8, 16, 3.5)
+    write_report(str(tmp_path), {**raw, "version": 1})
+    with pytest.raises(OutletsError, match=r"report\.json: report version 1, this package reads 2"):
+        read_report(str(tmp_path))
+    write_report(str(tmp_path), {**raw, "predictors": {"outlets": {"spearman": 0.5}}})
+    with pytest.raises(OutletsError, match=r"report\.json: malformed report \(KeyError"):
+        read_report(str(tmp_path))

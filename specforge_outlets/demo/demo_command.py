@@ -20,6 +20,7 @@ import yaml
 
 from specforge_outlets import resources
 from specforge_outlets.demo.stages import Stage, outlets, run_stages, stage_seconds
+from specforge_outlets.evaluation.report_file import read_report
 
 DEFAULT_RECIPE = resources.recipe("smollm2-135m-cpu-outlets.yaml")
 AZURE_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"  # in the shared data, when present
@@ -161,13 +162,12 @@ def run(args) -> int:
 
 def print_summary(dirs) -> None:
     """The evaluation table and the serving result, read back from the reports."""
-    with open(os.path.join(dirs["eval"], "report", "report.json")) as f:
-        report = json.load(f)
-    print(f"\nlength prediction on {report['n_requests']} held-out requests (MAE in tokens):")
+    report = read_report(os.path.join(dirs["eval"], "report"))
+    print(f"\nlength prediction on {report.n_requests} held-out requests (MAE in tokens):")
     print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8}")
-    for name, entry in sorted(report["predictors"].items(), key=lambda item: item[1]["static_mae"]):
-        dynamic = entry.get("dynamic_mae")
-        print(f"  {name:<16} {entry['static_mae']:>8.1f} {dynamic if dynamic is None else f'{dynamic:8.1f}':>8}")
+    for name, score in sorted(report.predictors.items(), key=lambda item: item[1].static_mae):
+        dynamic = score.dynamic_mae
+        print(f"  {name:<16} {score.static_mae:>8.1f} {dynamic if dynamic is None else f'{dynamic:8.1f}':>8}")
     print(f"  full report: {os.path.join(dirs['eval'], 'report', 'report.md')}")
     summary = os.path.join(dirs["simulate"], "report", "summary.md")
     if os.path.isfile(summary):

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.evaluation.predictions_file import write_predictions
+from specforge_outlets.evaluation.report_file import REPORT_VERSION, write_report
 from specforge_outlets.errors import OutletsError
 
 # name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
@@ -34,7 +35,6 @@ BASELINES = {
     "pia": "specforge_outlets.evaluation.baselines.instruction:InstructionPredictor",
 }
 ALIASES = {"probe": ("probe-mid", "probe-last")}  # the probe at both depths, as TRAIL compares them
-REPORT = "report.json"
 PREDICTIONS_GZ = "predictions.jsonl.gz"
 
 
@@ -239,7 +239,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
 
     ranked = lambda key: sorted(results, key=lambda name: results[name][key])  # noqa: E731
     report = {
-        "version": reporting.REPORT_VERSION,
+        "version": REPORT_VERSION,
         "features": os.path.abspath(args.features),
         "train_features": os.path.abspath(args.train_features),
         "target": target_path,
@@ -264,8 +264,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     report["plots"] = reporting.plots(report, test, all_predictions, out)
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as handle:
         handle.write(reporting.markdown(report))
-    with open(os.path.join(out, REPORT), "w", encoding="utf-8") as handle:  # last: its presence means finished
-        json.dump(report, handle, indent=2)
+    write_report(out, report)  # last: its presence means finished
     return report
 
 

@@ -9,25 +9,26 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+from specforge_outlets.evaluation.report_file import EvalReport
 from specforge_outlets.errors import OutletsError
 
 # Predictors whose curve is drawn: the head on the draft and the probes on the target's states.
 CURVE_PREDICTORS = ("outlets", "probe-mid", "probe-last")
 
 
-def curve_points(reports: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def curve_points(reports: Sequence[EvalReport]) -> List[Dict[str, Any]]:
     """One row per (report, predictor): training responses, static MAE with its interval, Spearman."""
-    test_sets = {report["features"] for report in reports}
+    test_sets = {report.features for report in reports}
     if len(test_sets) != 1:
         raise OutletsError(f"learning-curve reports must share one test split, got {sorted(test_sets)}")
     rows = []
-    for report in sorted(reports, key=lambda r: r["n_train_requests"]):
+    for report in sorted(reports, key=lambda r: r.n_train_requests):
         for name in CURVE_PREDICTORS:
-            entry = report["predictors"].get(name)
-            if entry is not None:
-                rows.append({"predictor": name, "train_responses": report["n_train_requests"],
-                             "static_mae": entry["static_mae"], "static_mae_ci": entry["static_mae_ci"],
-                             "spearman": entry["spearman"]})
+            score = report.predictors.get(name)
+            if score is not None:
+                rows.append({"predictor": name, "train_responses": report.n_train_requests,
+                             "static_mae": score.static_mae, "static_mae_ci": list(score.static_mae_ci),
+                             "spearman": score.spearman})
     return rows
 
 

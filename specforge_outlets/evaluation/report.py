@@ -29,7 +29,6 @@ from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.requests import Split
 
-REPORT_VERSION = 2
 MIN_WRITTEN_PREDICTION = 1.0
 
 
