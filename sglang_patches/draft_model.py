@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F
 
 from sglang_patches.settings import OutletsSettingsError
+from specforge_outlets.model.draft_config import OutletsDraftConfig
+from specforge_outlets.model.length_head import LengthHead
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,17 +61,10 @@ class OutletsLengthPredictor:
 
         with open(os.path.join(directory, "config.json")) as handle:
             self.config = config = json.load(handle)
-        self.outlets = config["outlets_config"]
-        self.fusion_layers = [int(k) for k in self.outlets["fusion_layers"]]
-        self.head_input = self.outlets["head_input"]
-        self.gated = bool(self.outlets.get("gated_attention", False))
-        edges = self.outlets.get("bucket_edges")
-        self.bucket_log_centers: Optional[torch.Tensor] = None
-        if edges:
-            bounds = [1, *[int(e) for e in edges], 2 * int(edges[-1])]
-            centers = [math.sqrt(lo * hi) for lo, hi in zip(bounds, bounds[1:])]
-            self.bucket_log_centers = torch.tensor([math.log1p(c) for c in centers], dtype=torch.float32,
-                                                   device=embed_tokens.weight.device)
+        self.outlets = OutletsDraftConfig.from_dict(config["outlets_config"])  # the one parser of the block
+        self.fusion_layers = list(self.outlets.fusion_layers)
+        self.head_input = self.outlets.head_input
+        self.gated = self.outlets.gated_attention
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
@@ -101,7 +96,15 @@ class OutletsLengthPredictor:
             )
         self.embed_tokens = embed_tokens
         self.dtype = dtype
-        self.head_layers = sorted({int(k.split(".")[2]) for k in self.w if k.startswith("length_head.mlp.")})
+        # The training side's head module, with the export's weights (its bucket centres included).
+        self.length_head = LengthHead(list(self.outlets.head_widths), self.outlets.bucket_edges)
+        head = {name[len("length_head."):]: tensor for name, tensor in weights.items() if name.startswith("length_head.")}
+        try:
+            self.length_head.load_state_dict(head)
+        except RuntimeError as error:
+            raise OutletsSettingsError(f"--outlets-draft-path {directory}: length head does not match "
+                                       f"outlets_config.head_widths / bucket_edges ({error})") from None
+        self.length_head.to(device=self.device, dtype=dtype)
 
     # -- the forward ------------------------------------------------------------------------------------
     def _linear(self, x, name, bias=False):
@@ -157,14 +160,7 @@ class OutletsLengthPredictor:
     def log_remaining(self, states: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T] z = log(1 + predicted remaining tokens)."""
         x = _rms_norm(states, self.w["norm.weight"], self.eps) if self.norm_output else states
-        last = self.head_layers[-1]
-        for index in self.head_layers:
-            x = self._linear(x, f"length_head.mlp.{index}", bias=True)
-            if index != last:
-                x = F.relu(x)
-        if self.bucket_log_centers is None:
-            return x.squeeze(-1).float()
-        return torch.softmax(x.float(), dim=-1) @ self.bucket_log_centers
+        return self.length_head.log_remaining(self.length_head(x)).float()
 
     @torch.no_grad()
     def prompt_log_remaining(self, fused_features: torch.Tensor, prompt_ids, first_token) -> torch.Tensor:

@@ -39,6 +39,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.utils import add_prefix
 
+from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
 
 logger = logging.getLogger("sglang_patches")
@@ -66,13 +67,17 @@ class OutletsDraftError(ValueError):
     """An OUTLETS export that this class cannot load (config or weights)."""
 
 
-def _outlets_config(config) -> dict:
+def _outlets_config(config) -> OutletsDraftConfig:
     outlets = getattr(config, "outlets_config", None)
     if not isinstance(outlets, dict):
         raise OutletsDraftError(
             f"{ARCHITECTURE}: config.json has no outlets_config (not an `outlets export` directory)"
         )
-    return outlets
+    try:
+        return OutletsDraftConfig.from_dict(outlets)  # the one parser of the block
+    except (KeyError, TypeError, ValueError, AssertionError) as error:
+        raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config {outlets} is malformed ({type(error).__name__}: "
+                                f"{error}); re-export the draft with `outlets export`") from None
 
 
 def _compute_gate(attention: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -127,8 +132,8 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             )
         super().__init__(config, quant_config=quant_config, prefix=prefix)
         self.outlets_config = outlets
-        self.gated_attention = bool(outlets.get("gated_attention", False))
-        self.length_head_input = str(outlets.get("head_input", "draft"))
+        self.gated_attention = outlets.gated_attention
+        self.length_head_input = outlets.head_input
         if self.gated_attention:
             layer = self.model.layers[0]
             add_output_gate(
@@ -137,7 +142,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
                 prefix=add_prefix("layers.0.self_attn", add_prefix("model", prefix)),
             )
         hidden = int(config.hidden_size)
-        widths = outlets.get("head_widths") or [hidden, hidden // 2, hidden // 4]
+        widths = list(outlets.head_widths)
         if int(widths[0]) != hidden:
             raise OutletsDraftError(
                 f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} must start at hidden_size {hidden}"
@@ -145,7 +150,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if len(widths) < 2 or any(int(w) <= 0 for w in widths):
             raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} is not a valid MLP")
         # the training module itself (torch only), so that the names and the maths cannot drift
-        self.length_head = LengthHead([int(w) for w in widths], outlets.get("bucket_edges"))
+        self.length_head = LengthHead([int(w) for w in widths], outlets.bucket_edges)
 
     # -- weights ----------------------------------------------------------------------------------------
     def expected_export_weights(self) -> List[str]:
@@ -210,7 +215,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if missing:
             raise OutletsDraftError(
                 f"{ARCHITECTURE}: the export lacks {missing} (outlets_config: "
-                f"gated_attention={self.gated_attention}, head_widths={self.outlets_config.get('head_widths')}); "
+                f"gated_attention={self.gated_attention}, head_widths={list(self.outlets_config.head_widths)}); "
                 "re-export the checkpoint with `outlets export`"
             )
 

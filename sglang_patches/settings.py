@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.fusion import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
@@ -141,10 +142,11 @@ def validate_draft_dir(path: str) -> dict:
             f"--outlets-draft-path {path!r}: architectures={config.get('architectures')} is not an OUTLETS draft "
             "(expected OutletsLlamaForCausalLMEagle3; a plain EAGLE-3 draft has no length head)"
         )
-    outlets = config.get("outlets_config") or {}
-    missing = [key for key in ("fusion_layers", "head_input") if key not in outlets]
-    if missing:
-        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: outlets_config lacks {missing}")
+    try:
+        OutletsDraftConfig.from_dict(config.get("outlets_config") or {})  # the one parser of the block
+    except (KeyError, TypeError, ValueError, AssertionError) as error:
+        raise OutletsSettingsError(f"--outlets-draft-path {path!r}: outlets_config is malformed "
+                                   f"({type(error).__name__}: {error}); re-export it with `outlets export`") from None
     if not any(name.endswith(".safetensors") for name in os.listdir(path)):
         raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no .safetensors weights")
     return config
@@ -158,7 +160,7 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
     (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
     input, so the last layer's output (index N) cannot be read.
     """
-    fusion = draft_config["outlets_config"]["fusion_layers"]
+    fusion = OutletsDraftConfig.from_dict(draft_config["outlets_config"]).fusion_layers
     try:
         validate_fusion_layers(list(fusion), int(num_layers))
     except ValueError as error:
