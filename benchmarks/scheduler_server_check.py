@@ -7,7 +7,10 @@ the model's forward is short and the scheduler's own work shows) gets one batch 
 that a round admits one to three prompts: the waiting queue starts near ``--requests`` and drains
 over thousands of rounds. Rounds are counted from the scheduler's log lines and timed by the
 server's response stamps (``response_sent_to_client_ts``). Reported per policy: the mean round time
-while at least ``--min-queue`` requests were waiting, and over the whole drain. Every request carries a predicted length
+while at least ``--min-queue`` requests were waiting, and over the whole drain; and, from a test-only
+timing plugin (``tests/sglang_harness/timing/``), the mean time of the scheduler's
+``get_new_batch_prefill`` (the order, with the OUTLETS hook inside it, and the admission) at that
+queue length, which separates the order's cost from per-request costs elsewhere. Every request carries a predicted length
 (``custom_params``), which stock policies ignore.
 
     .venv-serve/bin/python benchmarks/scheduler_server_check.py --output benchmarks/data/scheduler-overhead
@@ -75,6 +78,15 @@ def queue_lengths(log_text: str) -> List[int]:
     return [int(match) for match in re.findall(r"Prefill batch.*?#queue-req: (\d+)", log_text)]
 
 
+def prefill_scheduling_ms(log_text: str, min_queue: int) -> Dict[str, float]:
+    """Mean time of SGLang's get_new_batch_prefill (ordering + admission), from the harness timer's lines."""
+    blocks = [(float(ms), int(queue)) for ms, queue in
+              re.findall(r"HARNESS prefill scheduling: calls=\d+ mean_ms=([\d.]+) queue=(\d+)", log_text)]
+    long = [ms for ms, queue in blocks if queue >= min_queue]
+    return {"prefill scheduling ms at long queue": sum(long) / len(long) if long else float("nan"),
+            "prefill scheduling blocks at long queue": len(long)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default=os.path.join(REPO, "benchmarks", "data", "scheduler-overhead"))
@@ -89,13 +101,14 @@ def main() -> None:
     for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
         for name in args.policies:
             log = os.path.join(work, f"{name.replace(' ', '-')}-{repetition}.log")
-            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log) as server:
+            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log, time_rounds=True) as server:
                 server.generate("warm up", max_new_tokens=1)
                 before = len(server.log_text())
                 stamps = drain(server, args.requests, seed=repetition)
-                lengths = queue_lengths(server.log_text()[before:])
+                drained = server.log_text()[before:]
             row = {"policy": name, "repetition": repetition,
-                   **round_times(stamps, lengths, args.requests, args.min_queue)}
+                   **round_times(stamps, queue_lengths(drained), args.requests, args.min_queue),
+                   **prefill_scheduling_ms(drained, args.min_queue)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = {"command": "python benchmarks/scheduler_server_check.py " + " ".join(sys.argv[1:]),

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
+TIMING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timing")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
 REQUEST_TIMEOUT_S = 180.0
@@ -50,7 +51,7 @@ class SGLangServer:
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
                  log_path: Optional[str] = None, python: str = sys.executable,
-                 fail_prompt: Optional[List[int]] = None) -> None:
+                 fail_prompt: Optional[List[int]] = None, time_rounds: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
@@ -65,6 +66,8 @@ class SGLangServer:
         if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
             self.env["OUTLETS_HARNESS_FAIL_PROMPT"] = ",".join(str(token) for token in fail_prompt)
             self.env["PYTHONPATH"] = os.pathsep.join([FAULTS, self.env["PYTHONPATH"]])
+        if time_rounds:  # a test-only plugin logs the prefill scheduling time per round (timing/)
+            self.env["PYTHONPATH"] = os.pathsep.join([TIMING, self.env["PYTHONPATH"]])
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-{self.port}.log")
         self.process: Optional[subprocess.Popen] = None
         self.start_seconds: Optional[float] = None
