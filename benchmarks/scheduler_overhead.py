@@ -268,7 +268,7 @@ def measure_snapshot(waiting_sizes, repetitions: int) -> List[dict]:
 def measure_predictor(draft: str, prompt_lens, repetitions: int) -> List[dict]:
     import torch
 
-    from sglang_patches.draft_model import OutletsLengthPredictor
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
 
     torch.set_num_threads(1)
     with open(os.path.join(draft, "config.json")) as handle:

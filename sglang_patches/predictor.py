@@ -53,7 +53,7 @@ def load_model_after(result, self, *args, **kwargs):
     global _predictor
     from sglang.srt.models.llama import LlamaModel
 
-    from sglang_patches.draft_model import OutletsLengthPredictor
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
 
     inner = getattr(self.model, "model", None)
     if not isinstance(inner, LlamaModel):

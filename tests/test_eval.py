@@ -455,3 +455,21 @@ def test_a_missing_lp_only_draft_is_refused(chat, tmp_path, capsys):
     err = refused(capsys, tmp_path / "o", "--lp-only-draft", str(tmp_path / "nothing"), "--features", test_dir,
                   "--train-features", train_dir, "--target", target, "--baselines", "none")
     assert "--lp-only-draft" in err and "nothing" in err and "outlets export" in err
+
+
+def test_the_served_forward_equals_specforge_s_draft_step(chat, draft):
+    """Eval reads OUTLETS' predictions through the forward predictor-only serving runs; it is SpecForge's draft step."""
+    from specforge_outlets.data.labels import shift_left
+    from specforge_outlets.evaluation.outlets_predictor import load_draft
+    from specforge_outlets.model.inference import predict_log_remaining
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
+
+    target, _, test_dir = chat
+    model = load_draft(draft, target).float().eval()
+    served = OutletsLengthPredictor(draft, model.embed_tokens)
+    features = next(iter(load_split(test_dir).by_file()))[1]
+    expected = predict_log_remaining(model, features["input_ids"][None], features["aux_hidden_state"])[0]
+    got = served.log_remaining(served.states(features["aux_hidden_state"][0],
+                                             shift_left(features["input_ids"][None], 1)[0].clamp_min(0)))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert expected.std() > 0

@@ -7,7 +7,7 @@ Exports are tiny random ones written here with the exact key names `outlets expo
 architecture is resolved from their config.json through SGLang's ModelRegistry after the plugin
 loads, and weights go through SGLang's loader (``sglang.srt.model_loader.get_model``:
 DefaultModelLoader, its safetensors iterator, the class's ``load_weights``). The reference is the
-plain-PyTorch forward of the predictor-only mode (sglang_patches/draft_model.py).
+plain-PyTorch forward of the predictor-only mode (specforge_outlets/model/plain_draft.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from sglang_patches.draft_model import OutletsLengthPredictor  # noqa: E402
+from specforge_outlets.model.plain_draft import OutletsLengthPredictor  # noqa: E402
 
 ARCH = "OutletsLlamaForCausalLMEagle3"
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, DRAFT_VOCAB = 64, 4, 2, 16, 128, 256, 64

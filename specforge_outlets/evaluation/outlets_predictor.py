@@ -1,6 +1,7 @@
 """OUTLETS as a predictor: the exported draft's length head over the test features.
 
-One draft step over each whole sequence (``model.inference``): the state at position ``j`` predicts
+One draft step over each whole sequence (``model.plain_draft``, the forward predictor-only serving
+runs): the state at position ``j`` predicts
 the remaining length after token ``j + 1``, so the state at the last prompt position gives
 ``r_hat_0`` and the response positions give ``r_hat_t``. Nothing is fitted on the train split:
 the draft was trained by ``outlets train``. The LP-only ablation (``--lp-only-draft``: the same
@@ -66,14 +67,19 @@ class OutletsPredictor(Predictor):
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
-        from specforge_outlets.model.inference import predict_log_remaining
+        from specforge_outlets.data.labels import shift_left
         from specforge_outlets.model.length_head import log_remaining_to_tokens
+        from specforge_outlets.model.plain_draft import OutletsLengthPredictor
 
         check_features_match_draft(self.draft, self.draft_dir, test)
+        # The forward predictor-only serving runs (on the export, with the target's embedding), so that
+        # these predictions are the served ones; it equals SpecForge's draft step (tests/test_sglang_predictor.py).
+        served = OutletsLengthPredictor(self.draft_dir, self.draft.embed_tokens)
         out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
         for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
                                          unit="file", disable=not self.context.progress, leave=False):
-            z = predict_log_remaining(self.draft, features["input_ids"][None], features["aux_hidden_state"])[0]
+            next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
+            z = served.log_remaining(served.states(features["aux_hidden_state"][0], next_ids))
             remaining = log_remaining_to_tokens(z).double()
             for index, request in members:
                 dynamic = remaining[request.prompt_end : request.prompt_end + request.length].numpy()

@@ -12,7 +12,7 @@ import os
 _FAIL_PROMPT = os.environ.get("OUTLETS_HARNESS_FAIL_PROMPT")
 
 if _FAIL_PROMPT:
-    from sglang_patches.draft_model import OutletsLengthPredictor
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
 
     _prefix = [int(token) for token in _FAIL_PROMPT.split(",")]
     _predict = OutletsLengthPredictor.prompt_log_remaining

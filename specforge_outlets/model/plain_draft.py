@@ -1,8 +1,9 @@
 """The OUTLETS draft's length prediction over a prompt, in plain PyTorch, from an `outlets export`.
 
-The serve environment has SGLang but not SpecForge (their torch/transformers pins differ), so the
-draft's forward is written out here from the export's config and weights: fc over the three fused
-target features (optional fc_norm), one EAGLE-3 decoder layer (hidden_norm / input_layernorm, the
+Framework-free (torch and safetensors only): the serve environment has SGLang but not SpecForge
+(their torch/transformers pins differ), so the draft's forward is written out here from the
+export's config and weights: fc over the three fused target features (optional fc_norm), one
+EAGLE-3 decoder layer (hidden_norm / input_layernorm, the
 concatenated [embedding, hidden] attention input, rotary attention with grouped KV heads, the
 OUTLETS sigmoid gate at the input of o_proj, MLP), the final norm, and the length head MLP. It
 mirrors ``specforge_outlets.model.inference.draft_states`` (SpecForge's
@@ -19,7 +20,7 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from sglang_patches.settings import OutletsSettingsError
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
 
@@ -41,7 +42,7 @@ def _rope_theta(config: dict) -> float:
     scaling = config.get("rope_scaling") or {}
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind != "default":
-        raise OutletsSettingsError(
+        raise OutletsError(
             f"OUTLETS predictor-only mode supports default rotary embeddings; the draft uses {kind!r}"
         )
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
@@ -74,7 +75,7 @@ class OutletsLengthPredictor:
         self.theta = _rope_theta(config)
         self.target_hidden = int(config.get("target_hidden_size") or self.hidden)
         if config.get("hidden_act", "silu") != "silu":
-            raise OutletsSettingsError(f"OUTLETS predictor-only mode supports silu drafts, got {config['hidden_act']!r}")
+            raise OutletsError(f"OUTLETS predictor-only mode supports silu drafts, got {config['hidden_act']!r}")
         weights = {}
         for name in sorted(os.listdir(directory)):
             if name.endswith(".safetensors"):
@@ -88,9 +89,9 @@ class OutletsLengthPredictor:
             required.append("midlayer.self_attn.gate_proj.weight")
         missing = [key for key in required if key not in self.w]
         if missing:
-            raise OutletsSettingsError(f"--outlets-draft-path {directory}: weights lack {missing}")
+            raise OutletsError(f"--outlets-draft-path {directory}: weights lack {missing}")
         if int(embed_tokens.embedding_dim) != self.hidden:
-            raise OutletsSettingsError(
+            raise OutletsError(
                 f"--outlets-draft-path {directory}: draft hidden size {self.hidden} != target embedding width "
                 f"{embed_tokens.embedding_dim}"
             )
@@ -102,7 +103,7 @@ class OutletsLengthPredictor:
         try:
             self.length_head.load_state_dict(head)
         except RuntimeError as error:
-            raise OutletsSettingsError(f"--outlets-draft-path {directory}: length head does not match "
+            raise OutletsError(f"--outlets-draft-path {directory}: length head does not match "
                                        f"outlets_config.head_widths / bucket_edges ({error})") from None
         self.length_head.to(device=self.device, dtype=dtype)
 
