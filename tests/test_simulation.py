@@ -311,6 +311,18 @@ def test_azure_trace_with_dates_and_jsonl_trace_load(tmp_path):
     assert jsonl.scaled(2.0).arrival_times.tolist() == [0.0, 1.0] and jsonl.scaled(2.0).offered_rps == 2.0
 
 
+def test_mooncake_trace_timestamps_are_milliseconds(tmp_path):
+    """The Mooncake format SGLang's bench_serving replays (hash_ids, timestamps in ms) offers its real load."""
+    rows = "".join(f'{{"timestamp": {ms}, "input_length": 300, "output_length": 20, "hash_ids": [1, 2]}}\n'
+                   for ms in (27482, 28482, 30982))
+    trace = load_trace(write(tmp_path, "mooncake.jsonl", rows))
+    assert trace.arrival_times.tolist() == pytest.approx([0.0, 1.0, 3.5])
+    assert trace.offered_rps == pytest.approx(3 / 3.5)  # read as seconds it would be 3 / 3500
+    mixed = rows + '{"timestamp": 31000, "input_length": 5, "output_length": 7}\n'
+    with pytest.raises(OutletsError, match=r"line 4: has no hash_ids, unlike line 1: the trace mixes Mooncake rows"):
+        load_trace(write(tmp_path, "mixed.jsonl", mixed))
+
+
 def test_bad_jsonl_trace_names_the_line(tmp_path):
     with pytest.raises(OutletsError, match="line 2: missing field.*output_length"):
         load_trace(write(tmp_path, "t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 7}\n'

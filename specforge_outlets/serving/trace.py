@@ -2,7 +2,9 @@
 
 Formats: the Azure LLM inference CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``), JSONL with
 ``timestamp,input_length,output_length`` (and an optional ``id``), and synthetic Poisson arrivals
-with (prompt, output) length pairs drawn from another trace. Arrival times are shifted so that
+with (prompt, output) length pairs drawn from another trace. A JSONL ``timestamp`` is in seconds,
+except in the Mooncake trace format (rows with ``hash_ids``, as SGLang's ``bench_serving`` replays
+them), where it is in milliseconds: read as seconds, such a trace would offer a thousandth of its load. Arrival times are shifted so that
 the first request arrives at 0; rate scaling divides them, so a scale of 2 offers twice the load.
 """
 
@@ -22,6 +24,8 @@ from specforge_outlets.errors import OutletsError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 JSONL_FIELDS = ("timestamp", "input_length", "output_length")
+MOONCAKE_FIELD = "hash_ids"  # present in the Mooncake trace format, whose timestamps are milliseconds
+MOONCAKE_SECONDS_PER_UNIT = 1e-3
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ def _load_azure_csv(path: str) -> Trace:
 def _load_jsonl(path: str) -> Trace:
     ids, times, inputs, outputs = [], [], [], []
     previous = None
+    mooncake: Optional[bool] = None  # decided by the first row: hash_ids = Mooncake, timestamps in ms
     for line_number, row in iter_jsonl(path):
         if isinstance(row, BadLine):
             raise OutletsError(str(row))
@@ -172,10 +177,17 @@ def _load_jsonl(path: str) -> Trace:
         missing = [field for field in JSONL_FIELDS if field not in row]
         if missing:
             raise OutletsError(f"{where}: missing field(s) {', '.join(missing)}; each line needs {', '.join(JSONL_FIELDS)}")
+        if mooncake is None:
+            mooncake = MOONCAKE_FIELD in row
+        elif (MOONCAKE_FIELD in row) != mooncake:
+            raise OutletsError(
+                f"{where}: {'has no' if mooncake else 'has'} {MOONCAKE_FIELD}, unlike line 1: the trace mixes Mooncake "
+                "rows (timestamps in milliseconds) with plain rows (seconds); convert it to one format")
         try:
-            timestamp = float(row["timestamp"])
+            timestamp = float(row["timestamp"]) * (MOONCAKE_SECONDS_PER_UNIT if mooncake else 1.0)
         except (TypeError, ValueError):
-            raise OutletsError(f"{where}: timestamp must be a number of seconds, got {row['timestamp']!r}") from None
+            unit = "milliseconds (Mooncake format)" if mooncake else "seconds"
+            raise OutletsError(f"{where}: timestamp must be a number of {unit}, got {row['timestamp']!r}") from None
         _check_timestamp(where, "timestamp", timestamp, previous)
         previous = timestamp
         ids.append(str(row.get("id", len(ids))))
