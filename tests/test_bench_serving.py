@@ -446,3 +446,15 @@ def test_the_predictions_file_has_one_writer_and_one_reader_for_simulate_and_ben
         predictions_by_id(path)
     with pytest.raises(OutletsError, match=r"line 3"):
         predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=path)
+
+
+def test_tpot_is_time_per_token_after_the_first_and_leaves_one_token_outputs_out():
+    from specforge_outlets.serving.metrics import summarize_requests
+
+    metrics = summarize_requests(np.zeros(3), np.array([1.0, 1.0, 0.5]), np.array([11.0, 7.0, 0.5]),
+                                 np.array([11, 4, 1]))["all"]
+    # (11 - 1) / 10 = 1.0 and (7 - 1) / 3 = 2.0; the one-token output has no TPOT
+    assert (metrics["tpot_p50_s"], metrics["tpot_mean_s"]) == pytest.approx((1.5, 1.5))
+    failed = summarize_requests(np.zeros(2), np.array([1.0, 1.0]), np.array([11.0, 3.0]), np.array([11, 5]),
+                                success=np.array([True, False]))["all"]
+    assert failed["tpot_mean_s"] == math.inf  # a failed request never finished its tokens

@@ -252,6 +252,8 @@ MARKDOWN_COLUMNS = (
     ("mean e2e s", "e2e_mean_s", "{:.3f}"),
     ("P50 TTFT s", "ttft_p50_s", "{:.3f}"),
     ("P99 TTFT s", "ttft_p99_s", "{:.3f}"),
+    ("P50 TPOT s", "tpot_p50_s", "{:.4f}"),
+    ("P99 TPOT s", "tpot_p99_s", "{:.4f}"),
 )
 
 

@@ -63,7 +63,11 @@ def summarize_requests(
     e2e = np.where(ok, finish - arrival, np.inf)
     ttft = first_token - arrival
     ttft = np.where(np.isnan(ttft), np.inf, ttft)  # never produced a token
-    latencies = {"e2e": e2e, "ttft": ttft}
+    # Time per output token after the first, as sglang.bench_serving reports it; undefined (NaN, left out
+    # of its statistics) for one-token outputs, infinite for a failed request.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(ok, np.where(outputs > 1, (e2e - ttft) / (outputs - 1), np.nan), np.inf)
+    latencies = {"e2e": e2e, "ttft": ttft, "tpot": tpot}
     if queue_delays is not None:
         latencies["queue"] = np.asarray(queue_delays, dtype=np.float64)
 
@@ -84,9 +88,10 @@ def class_metrics(mask: np.ndarray, success: np.ndarray, output_lens: np.ndarray
     }
     for name, values in latencies.items():
         selected = values[mask]
+        selected = selected[~np.isnan(selected)]  # TPOT of one-token outputs
         for label, q in (("p50", 50), ("p99", 99)):
             metrics[f"{name}_{label}_s"] = percentile(selected, q)
-        metrics[f"{name}_mean_s"] = float(selected.mean()) if count else math.nan
+        metrics[f"{name}_mean_s"] = float(selected.mean()) if len(selected) else math.nan
     if "queue" in latencies:
         metrics["queue_max_s"] = float(latencies["queue"][mask].max()) if count else math.nan
     return metrics
