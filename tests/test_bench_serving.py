@@ -458,3 +458,19 @@ def test_tpot_is_time_per_token_after_the_first_and_leaves_one_token_outputs_out
     failed = summarize_requests(np.zeros(2), np.array([1.0, 1.0]), np.array([11.0, 3.0]), np.array([11, 5]),
                                 success=np.array([True, False]))["all"]
     assert failed["tpot_mean_s"] == math.inf  # a failed request never finished its tokens
+
+
+def test_goodput_counts_requests_within_every_slo_target_per_length_class():
+    from specforge_outlets.errors import OutletsError
+    from specforge_outlets.serving.metrics import parse_goodput, summarize_requests
+
+    slo = parse_goodput(["ttft:500", "tpot:100"])
+    assert slo == {"ttft": 0.5, "tpot": 0.1}
+    # TTFT 0.2 / 0.8 / 0.3 s; TPOT 0.05 / 0.05 / 0.3 s; the last one failed; makespan 10 s
+    metrics = summarize_requests(np.zeros(4), np.array([0.2, 0.8, 0.3, 0.1]), np.array([5.2, 5.8, 3.3, 10.0]),
+                                 np.array([101, 101, 11, 900]), success=np.array([True, True, True, False]), slo=slo)
+    assert metrics["all"]["slo_attainment"] == 0.25 and metrics["all"]["goodput_rps"] == pytest.approx(0.1)
+    assert metrics["long"]["slo_attainment"] == 0.0 and metrics["short"]["slo_attainment"] == pytest.approx(1 / 3)
+    assert "goodput_rps" not in summarize_requests(np.zeros(1), np.ones(1), np.ones(1) * 2, np.array([3]))["all"]
+    with pytest.raises(OutletsError, match=r"--goodput 'itl:5': expected METRIC:MILLISECONDS"):
+        parse_goodput(["itl:5"])

@@ -64,6 +64,9 @@ def register(subparsers) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
                         help="short requests: fewer generated (or, if failed, expected) tokens (default 800)")
+    parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                        help="SLO targets in ms, e.g. ttft:500 tpot:50 (as sglang.bench_serving --goodput): adds slo_attainment "
+                        "and goodput_rps (requests within every target per second) per length class")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
     parser.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals and synthetic prompts")
@@ -76,8 +79,10 @@ def run(args) -> int:
         load_dataset_workload, load_tokenizer, load_trace_workload,
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
+    from specforge_outlets.serving.metrics import parse_goodput
 
     _validate(args)
+    slo = parse_goodput(args.goodput)  # before any request is sent: a bad target is refused at once
     urls = [url.rstrip("/") for url in args.base_url]
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer and not args.raw_prompts else None
     if args.dataset:
@@ -103,7 +108,7 @@ def run(args) -> int:
     records = asyncio.run(_drive(workload.requests, urls, sampling, args.timeout, args.max_concurrency))
     duration_s = time.perf_counter() - started
 
-    metrics = summarize_records(records, args.short_threshold)
+    metrics = summarize_records(records, args.short_threshold, slo)
     header = {
         "kind": "bench-serving",
         "base_urls": urls,
@@ -113,6 +118,7 @@ def run(args) -> int:
         "num_requests": len(records),
         "skipped_rows": workload.skipped_rows,
         "short_threshold": args.short_threshold,
+        "slo_s": slo or None,
         "max_new_tokens": args.max_new_tokens if args.dataset else "trace output_length (ignore_eos)",
         "temperature": args.temperature,
         "top_p": args.top_p,
@@ -213,7 +219,7 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
     return list(records)
 
 
-def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, float]]:
+def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict[str, float]]:
     """The simulator's metrics from client records (times relative to the run's start)."""
     import numpy as np
 
@@ -227,7 +233,7 @@ def summarize_records(records, short_threshold: int) -> Dict[str, Dict[str, floa
     # A request that did not finish is classified by the length it was expected to reach (or had already passed).
     class_lens = np.where(success, outputs, np.maximum(outputs, [record.expected_output_len for record in records]))
     return summarize_requests(sent, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
-                              short_threshold=short_threshold)
+                              short_threshold=short_threshold, slo=slo)
 
 
 def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:

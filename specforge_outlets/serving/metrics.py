@@ -32,6 +32,28 @@ CLASSES = ("all", "short", "long")
 INF_JSON = "inf"
 
 
+# Latencies an SLO can bound (``--goodput ttft:MS tpot:MS e2e:MS``, as sglang.bench_serving --goodput).
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
+def parse_goodput(items: Optional[Sequence[str]], flag: str = "--goodput") -> Dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` (milliseconds) -> ``{"ttft": 0.5, "tpot": 0.05}`` (seconds)."""
+    slo: Dict[str, float] = {}
+    for item in items or ():
+        name, _, value = str(item).partition(":")
+        try:
+            milliseconds = float(value)
+        except ValueError:
+            milliseconds = math.nan
+        if name not in SLO_METRICS or not (milliseconds > 0 and math.isfinite(milliseconds)):
+            from specforge_outlets.errors import OutletsError
+
+            raise OutletsError(f"{flag} {item!r}: expected METRIC:MILLISECONDS with METRIC one of "
+                               f"{', '.join(SLO_METRICS)} and a positive number, e.g. {flag} ttft:500 tpot:50")
+        slo[name] = milliseconds / 1e3
+    return slo
+
+
 def summarize_requests(
     arrival_times: np.ndarray,
     first_token_times: np.ndarray,
@@ -42,6 +64,7 @@ def summarize_requests(
     queue_delays: Optional[np.ndarray] = None,
     success: Optional[np.ndarray] = None,
     short_threshold: int = DEFAULT_SHORT_THRESHOLD,
+    slo: Optional[Dict[str, float]] = None,
 ) -> Dict[str, Dict[str, float]]:
     """Metrics per class from per-request arrays (seconds on one clock, tokens).
 
@@ -49,7 +72,10 @@ def summarize_requests(
     ``first_token_times`` is NaN for a request that never produced a token. ``output_lens`` counts
     generated tokens (only successful requests add to throughput). ``class_lens`` decides short or
     long (default ``output_lens``; the benchmark passes the expected length for failed requests).
-    ``success`` defaults to all true; ``queue_delays`` to unknown (no ``queue_*`` keys).
+    ``success`` defaults to all true; ``queue_delays`` to unknown (no ``queue_*`` keys). ``slo``
+    (seconds per metric of :data:`SLO_METRICS`) adds ``slo_attainment`` (share of requests that
+    succeeded within every target; a one-token output meets any TPOT target) and ``goodput_rps``
+    (those requests per second of makespan).
     """
     arrival = np.asarray(arrival_times, dtype=np.float64)
     count = len(arrival)
@@ -73,7 +99,16 @@ def summarize_requests(
 
     short = lengths < short_threshold
     masks = {"all": np.ones(count, dtype=bool), "short": short, "long": ~short}
-    return {name: class_metrics(mask, ok, outputs, latencies, makespan) for name, mask in masks.items()}
+    summary = {name: class_metrics(mask, ok, outputs, latencies, makespan) for name, mask in masks.items()}
+    if slo:
+        good = ok.copy()
+        for name, target in slo.items():
+            good &= ~(latencies[name] > target)  # NaN (no TPOT) does not break a target
+        for name, mask in masks.items():
+            selected = int(mask.sum())
+            summary[name]["slo_attainment"] = float(good[mask].sum()) / selected if selected else math.nan
+            summary[name]["goodput_rps"] = float(good[mask].sum()) / makespan if makespan > 0 else 0.0
+    return summary
 
 
 def class_metrics(mask: np.ndarray, success: np.ndarray, output_lens: np.ndarray,

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
                         choices=["round-robin", "least-requests", "least-predicted-work"],
                         help="routing of the controlled study (default least-predicted-work)")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
+    parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                        help="SLO targets in ms, e.g. ttft:500 tpot:50 (as sglang.bench_serving --goodput): adds slo_attainment "
+                        "and goodput_rps (requests within every target per second) per length class")
     parser.add_argument("--prior-output-len", type=float, default=DEFAULT_PRIOR_OUTPUT_LEN,
                         help="output length assumed for requests without a prediction")
     parser.add_argument("--aging-rate", type=float, default=DEFAULT_AGING_TOKENS_PER_S,
@@ -67,6 +70,7 @@ def run(args) -> int:
     from specforge_outlets.simulation.predictors import PredictorKind
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
+    from specforge_outlets.serving.metrics import parse_goodput
     from specforge_outlets.serving.trace import load_trace, synthetic_poisson
 
     cluster = load_cluster_config(args.config)
@@ -101,6 +105,7 @@ def run(args) -> int:
         predictions_path=args.predictions,
         short_threshold=args.short_threshold,
         seed=args.seed,
+        slo=parse_goodput(args.goodput) or None,
     )
     print(f"simulate: {trace.name}, {len(trace)} requests over {trace.duration_s:.0f} s "
           f"({trace.offered_rps:.2f} req/s at x1), {cluster.mode.value} cluster")
@@ -114,6 +119,7 @@ def run(args) -> int:
         "scheduling": dataclasses.asdict(scheduling),
         "noise_sigma": args.noise_sigma,
         "short_threshold": args.short_threshold,
+        "slo_s": plan.slo,
         "seed": args.seed,
     }
     for path in write_report(args.output, header, rows):

@@ -17,7 +17,8 @@ from specforge_outlets.serving.metrics import DEFAULT_SHORT_THRESHOLD, summarize
 from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation.engine import SimulationResult
 
-def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THRESHOLD) -> Dict[str, Dict[str, float]]:
+def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THRESHOLD,
+              slo: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
     """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``."""
     return summarize_requests(
         arrival_times=result.arrival_times,
@@ -26,6 +27,7 @@ def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THR
         output_lens=result.output_lens,
         queue_delays=result.queue_delays,
         short_threshold=short_threshold,
+        slo=slo,
     )
 
 
@@ -46,6 +48,7 @@ class StudyPlan:
     predictions_path: Optional[str]
     short_threshold: int
     seed: int
+    slo: Optional[Dict[str, float]] = None  # seconds per latency (serving.metrics.SLO_METRICS): goodput
 
 
 def policy_grid(routings: Sequence[RoutingPolicy], queues: Sequence[QueuePolicy]) -> List[Policy]:
@@ -75,7 +78,7 @@ def run_study(
             started = time.perf_counter()
             result = Simulation(scaled, predictions[predictor], cluster, policy, scheduling).run()
             wall_s = time.perf_counter() - started
-            metrics = summarize(result, plan.short_threshold)
+            metrics = summarize(result, plan.short_threshold, plan.slo)
             rows.append({
                 "study": study,
                 "routing": policy.routing.value,
