@@ -13,6 +13,7 @@ from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_f
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
 from specforge_outlets.simulation.study import summarize
+from specforge_outlets.simulation.peer_queues import queue_policy
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
 
@@ -42,7 +43,7 @@ def pd_cluster(**overrides):
 
 def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0, **scheduling):
     predictions = trace.output_lens.astype(float).tolist() if predictions is None else predictions
-    policy = Policy(RoutingPolicy(routing), QueuePolicy(queue))
+    policy = Policy(RoutingPolicy(routing), queue_policy(queue))
     return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging, **scheduling)).run()
 
 
@@ -321,6 +322,20 @@ def test_mooncake_trace_timestamps_are_milliseconds(tmp_path):
     mixed = rows + '{"timestamp": 31000, "input_length": 5, "output_length": 7}\n'
     with pytest.raises(OutletsError, match=r"line 4: has no hash_ids, unlike line 1: the trace mixes Mooncake rows"):
         load_trace(write(tmp_path, "mixed.jsonl", mixed))
+
+
+def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_output(unit_steps):
+    """SGLang's peer order: B (the shortest prompt) is prefilled before C and A although it arrived last."""
+    trace = make_trace([(0.0, 50, 2), (0.1, 300, 2), (0.2, 290, 2), (0.3, 20, 30)])
+    cluster = pd_cluster(max_prefill_tokens=300)  # no two of the waiting prompts fit one prefill batch
+    result = simulate(trace, cluster, queue="shortest-prefill-first")
+    fcfs = simulate(trace, cluster, queue="fcfs")
+    first_tokens = result.first_token_times.tolist()
+    # the first request is alone and starts at once; then 20 < 290 < 300 tokens: 3, 2, 1 (FCFS: 1, 2, 3)
+    assert first_tokens[3] < first_tokens[2] < first_tokens[1]
+    assert fcfs.first_token_times[1] < fcfs.first_token_times[2] < fcfs.first_token_times[3]
+    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first"):
+        queue_policy("lpm")
 
 
 def test_bad_jsonl_trace_names_the_line(tmp_path):

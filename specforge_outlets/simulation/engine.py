@@ -25,11 +25,9 @@ import numpy as np
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import (
-    QueuePolicy,
     RankLoad,
     RoutingPolicy,
     SchedulingConfig,
-    create_request_queue,
     create_router,
     least_requests_rank,
     predicted_output_budget,
@@ -38,6 +36,7 @@ from specforge_outlets.scheduling import (
     retraction_order_key,
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
+from specforge_outlets.simulation.peer_queues import AnyQueuePolicy, create_queue
 from specforge_outlets.serving.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
@@ -49,7 +48,7 @@ class Policy:
     """One policy combination under study."""
 
     routing: RoutingPolicy
-    queue: QueuePolicy
+    queue: AnyQueuePolicy  # the plugin's order, or one of SGLang's (peer_queues.py)
 
     @property
     def label(self) -> str:
@@ -105,7 +104,7 @@ class PrefillInstance:
 
     def __init__(self, sim: "Simulation") -> None:
         self.sim = sim
-        self.queue = create_request_queue(sim.policy.queue, sim.scheduling)
+        self.queue = create_queue(sim.policy.queue, sim.scheduling)
         self.batch: List[SimRequest] = []
 
     def num_requests(self) -> int:
@@ -158,7 +157,7 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
-        self.queue = create_request_queue(sim.policy.queue, sim.scheduling)
+        self.queue = create_queue(sim.policy.queue, sim.scheduling)
         self.running: Dict[int, SimRequest] = {}
         self.finish_heap: List[Tuple[int, int, SimRequest]] = []  # (finish step, index, request)
         self.prefilling: Deque[SimRequest] = deque()

@@ -34,7 +34,9 @@ def register(subparsers) -> None:
                         help="arrival-rate multipliers to sweep (default 1)")
     parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
                         choices=["round-robin", "least-requests", "least-predicted-work"])
-    parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"], choices=["fcfs", "sjf", "tail-safe"])
+    parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
+                        choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first"],
+                        help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first for comparison")
     parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file"],
                         help="predictor of the policy grid (default noisy)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
@@ -65,8 +67,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from specforge_outlets.errors import OutletsError
-    from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
+    from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
+    from specforge_outlets.simulation.peer_queues import queue_policy
     from specforge_outlets.simulation.predictors import PredictorKind
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
@@ -97,7 +100,7 @@ def run(args) -> int:
         study_predictors.insert(2, PredictorKind.FILE)
     plan = StudyPlan(
         rate_scales=args.rate_scale,
-        policies=policy_grid([RoutingPolicy(r) for r in args.routing], [QueuePolicy(q) for q in args.queue]),
+        policies=policy_grid([RoutingPolicy(r) for r in args.routing], [queue_policy(q) for q in args.queue]),
         predictor=predictor,
         study_predictors=study_predictors,
         study_routing=RoutingPolicy(args.study_routing),
