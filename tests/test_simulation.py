@@ -14,6 +14,7 @@ from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
 from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.peer_queues import queue_policy
+from specforge_outlets.simulation.peer_routing import routing_policy
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
 
@@ -43,7 +44,7 @@ def pd_cluster(**overrides):
 
 def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0, **scheduling):
     predictions = trace.output_lens.astype(float).tolist() if predictions is None else predictions
-    policy = Policy(RoutingPolicy(routing), queue_policy(queue))
+    policy = Policy(routing_policy(routing), queue_policy(queue))
     return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging, **scheduling)).run()
 
 
@@ -265,8 +266,8 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
-@pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
-@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe"])
+@pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first"])
 @pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
@@ -336,6 +337,19 @@ def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_outp
     assert fcfs.first_token_times[1] < fcfs.first_token_times[2] < fcfs.first_token_times[3]
     with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first"):
         queue_policy("lpm")
+
+
+def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit_steps):
+    """SGLang's peer balancing: C goes where fewer tokens are, not to the tie of request counts (instance 0)."""
+    cluster = cluster_config_from_dict(
+        {"mode": "colocated", "instances": 2, "chunked_prefill_size": 1000, "max_new_tokens": 1}, "test")
+    trace = make_trace([(0.0, 2500, 5), (0.1, 10, 1), (0.2, 10, 1)])
+    by_tokens = simulate(trace, cluster, routing="total-tokens")
+    by_requests = simulate(trace, cluster, routing="least-requests")  # 1 request each: C to instance 0, behind A
+    # behind B on instance 1: its step after B's (1.1-2.1 s); behind A's three prompt chunks on instance 0: 3 s
+    assert by_tokens.first_token_times[2] == pytest.approx(2.1) and by_requests.first_token_times[2] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="unknown routing 'power-of-two'"):
+        routing_policy("power-of-two")
 
 
 def test_bad_jsonl_trace_names_the_line(tmp_path):

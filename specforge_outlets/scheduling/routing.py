@@ -29,6 +29,7 @@ class RankLoad(NamedTuple):
 
     num_requests: int  # running + waiting
     predicted_work: float  # predicted remaining output tokens of running + waiting requests
+    num_tokens: int = 0  # KV tokens held plus prompt tokens queued (what SGLang's total_tokens balances)
 
 
 def rank_load(
@@ -59,8 +60,9 @@ def least_predicted_work_rank(loads: Sequence[RankLoad]) -> int:
 class Router(ABC):
     """Chooses the rank that receives a new request."""
 
-    # Whether select() reads predicted_work; routers that do not are spared computing it.
+    # Whether select() reads predicted_work / num_tokens; routers that do not are spared computing them.
     needs_predicted_work = False
+    needs_tokens = False
 
     @abstractmethod
     def select(self, loads: Sequence[RankLoad]) -> int:

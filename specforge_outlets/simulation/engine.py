@@ -26,9 +26,7 @@ import numpy as np
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import (
     RankLoad,
-    RoutingPolicy,
     SchedulingConfig,
-    create_router,
     least_requests_rank,
     predicted_output_budget,
     predicted_remaining,
@@ -37,6 +35,7 @@ from specforge_outlets.scheduling import (
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
 from specforge_outlets.simulation.peer_queues import AnyQueuePolicy, create_queue
+from specforge_outlets.simulation.peer_routing import AnyRoutingPolicy, create_peer_or_router
 from specforge_outlets.serving.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
@@ -47,7 +46,7 @@ BOUNDARY_TOLERANCE_S = 1e-9
 class Policy:
     """One policy combination under study."""
 
-    routing: RoutingPolicy
+    routing: AnyRoutingPolicy  # the plugin's routing, or one of SGLang's (peer_routing.py)
     queue: AnyQueuePolicy  # the plugin's order, or one of SGLang's (peer_queues.py)
 
     @property
@@ -162,6 +161,7 @@ class EngineInstance:
         self.finish_heap: List[Tuple[int, int, SimRequest]] = []  # (finish step, index, request)
         self.prefilling: Deque[SimRequest] = deque()
         self.incoming = 0  # routed here, not yet in the queue (KV in transfer)
+        self.incoming_tokens = 0  # their prompt tokens
         self.pending_work = 0.0  # predicted work of requests not yet decoding
         self.steps_done = 0
         self.kv_tokens = 0  # context tokens of running requests after steps_done steps
@@ -180,8 +180,11 @@ class EngineInstance:
     def num_requests(self) -> int:
         return len(self.running) + len(self.prefilling) + len(self.queue) + self.incoming
 
-    def load(self, now: float, with_work: bool) -> RankLoad:
+    def load(self, now: float, with_work: bool, with_tokens: bool = False) -> RankLoad:
         waiting = len(self.prefilling) + len(self.queue) + self.incoming
+        if with_tokens:  # SGLang's snapshot: KV in use plus the prompts still to prefill (routed ones too)
+            queued = sum(r.input_len + r.num_generated_tokens for r in self.queue) + self.incoming_tokens
+            return RankLoad(waiting + len(self.running), 0.0, self.kv_tokens + self.kv_prefilling + queued)
         if not with_work:
             return RankLoad(waiting + len(self.running), 0.0)
         steps = self.steps_done + self._segment_steps_done(now)
@@ -198,6 +201,7 @@ class EngineInstance:
     def add_incoming(self, request: SimRequest) -> None:
         """Count a request routed here; its work is static until it starts decoding."""
         self.incoming += 1
+        self.incoming_tokens += request.input_len
         request.pending_work = predicted_remaining(
             request.predicted_output_len, request.num_generated_tokens, self.sim.scheduling.prior_output_len
         )
@@ -205,6 +209,7 @@ class EngineInstance:
 
     def enqueue(self, now: float, request: SimRequest) -> None:
         self.incoming -= 1
+        self.incoming_tokens -= request.input_len
         request.enqueue_time = now
         self.queue.add_request(request)
         if not self.busy:
@@ -391,7 +396,7 @@ class Simulation:
         check_fits(trace, cluster)
         self.cluster, self.policy, self.scheduling = cluster, policy, scheduling
         self.model = cluster.step_time_model()
-        self.router = create_router(policy.routing)
+        self.router = create_peer_or_router(policy.routing)
         self.requests = [
             SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
                        int(cluster.kv_reservation(input_len, output_len)))
@@ -444,8 +449,8 @@ class Simulation:
             self._route(now, request).enqueue(now, request)
 
     def _route(self, now: float, request: SimRequest) -> EngineInstance:
-        with_work = self.router.needs_predicted_work
-        engine = self.engines[self.router.select([engine.load(now, with_work) for engine in self.engines])]
+        with_work, with_tokens = self.router.needs_predicted_work, self.router.needs_tokens
+        engine = self.engines[self.router.select([engine.load(now, with_work, with_tokens) for engine in self.engines])]
         engine.add_incoming(request)
         return engine
 

@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     parser.add_argument("--rate-scale", type=float, nargs="+", default=[1.0],
                         help="arrival-rate multipliers to sweep (default 1)")
     parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
-                        choices=["round-robin", "least-requests", "least-predicted-work"])
+                        choices=["round-robin", "least-requests", "least-predicted-work", "total-tokens"],
+                        help="routing: the plugin's, and SGLang's total-tokens balancing for comparison")
     parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
                         choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first"],
                         help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first for comparison")
@@ -70,6 +71,7 @@ def run(args) -> int:
     from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.peer_queues import queue_policy
+    from specforge_outlets.simulation.peer_routing import routing_policy
     from specforge_outlets.simulation.predictors import PredictorKind
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
@@ -100,7 +102,7 @@ def run(args) -> int:
         study_predictors.insert(2, PredictorKind.FILE)
     plan = StudyPlan(
         rate_scales=args.rate_scale,
-        policies=policy_grid([RoutingPolicy(r) for r in args.routing], [queue_policy(q) for q in args.queue]),
+        policies=policy_grid([routing_policy(r) for r in args.routing], [queue_policy(q) for q in args.queue]),
         predictor=predictor,
         study_predictors=study_predictors,
         study_routing=RoutingPolicy(args.study_routing),
