@@ -13,8 +13,7 @@ from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_f
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
 from specforge_outlets.simulation.study import summarize
-from specforge_outlets.simulation.peer_queues import queue_policy
-from specforge_outlets.simulation.peer_routing import routing_policy
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
 

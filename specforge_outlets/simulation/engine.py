@@ -34,8 +34,7 @@ from specforge_outlets.scheduling import (
     retraction_order_key,
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
-from specforge_outlets.simulation.peer_queues import AnyQueuePolicy, create_queue
-from specforge_outlets.simulation.peer_routing import AnyRoutingPolicy, create_peer_or_router
+from specforge_outlets.simulation.sglang_peers import AnyQueuePolicy, AnyRoutingPolicy, create_peer_or_router, create_queue
 from specforge_outlets.serving.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
@@ -46,8 +45,8 @@ BOUNDARY_TOLERANCE_S = 1e-9
 class Policy:
     """One policy combination under study."""
 
-    routing: AnyRoutingPolicy  # the plugin's routing, or one of SGLang's (peer_routing.py)
-    queue: AnyQueuePolicy  # the plugin's order, or one of SGLang's (peer_queues.py)
+    routing: AnyRoutingPolicy  # the plugin's routing, or one of SGLang's (sglang_peers.py)
+    queue: AnyQueuePolicy  # the plugin's order, or one of SGLang's (sglang_peers.py)
 
     @property
     def label(self) -> str:

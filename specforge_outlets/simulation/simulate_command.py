@@ -70,8 +70,7 @@ def run(args) -> int:
     from specforge_outlets.errors import OutletsError
     from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
-    from specforge_outlets.simulation.peer_queues import queue_policy
-    from specforge_outlets.simulation.peer_routing import routing_policy
+    from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
     from specforge_outlets.simulation.predictors import PredictorKind
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
