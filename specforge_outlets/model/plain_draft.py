@@ -81,13 +81,11 @@ class OutletsLengthPredictor:
             if name.endswith(".safetensors"):
                 weights.update(load_file(os.path.join(directory, name)))
         self.device = embed_tokens.weight.device
-        self.w: Dict[str, torch.Tensor] = {
-            k: v.to(device=self.device, dtype=dtype) for k, v in weights.items() if v.is_floating_point()}
         required = ["fc.weight", "norm.weight", "length_head.mlp.0.weight", "midlayer.self_attn.q_proj.weight",
                     "midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"]
         if self.gated:
             required.append("midlayer.self_attn.gate_proj.weight")
-        missing = [key for key in required if key not in self.w]
+        missing = [key for key in required if key not in weights]
         if missing:
             raise OutletsError(f"--outlets-draft-path {directory}: weights lack {missing}")
         if int(embed_tokens.embedding_dim) != self.hidden:
@@ -106,6 +104,10 @@ class OutletsLengthPredictor:
             raise OutletsError(f"--outlets-draft-path {directory}: length head does not match "
                                        f"outlets_config.head_widths / bucket_edges ({error})") from None
         self.length_head.to(device=self.device, dtype=dtype)
+        # the rest of the draft, read by the forward below (the head's tensors live in its module only)
+        self.w: Dict[str, torch.Tensor] = {
+            k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()
+            if v.is_floating_point() and not k.startswith("length_head.")}
 
     # -- the forward ------------------------------------------------------------------------------------
     def _linear(self, x, name, bias=False):
