@@ -17,6 +17,7 @@ from sglang_patches.settings import (
     OutletsSettingsError,
     check_draft_fits_target,
     check_radix_cache_disabled,
+    is_outlets_speculative_draft,
     validate_draft_dir,
 )
 
@@ -45,8 +46,10 @@ def from_cli_args_after(server_args, cls, args: argparse.Namespace):
     state.reset_settings()
     try:
         current = state.settings()
+        speculative = is_outlets_speculative_draft(getattr(args, "speculative_algorithm", None),
+                                                   getattr(args, "speculative_draft_model_path", None))
         asked = state.features_asked(getattr(args, "schedule_policy", None), getattr(args, "load_balance_method", None),
-                               current.draft_path)
+                                     current.draft_path, speculative)
         if asked:
             state.check_hooks(asked)
         if current.draft_path is not None:

@@ -41,10 +41,11 @@ from sglang.srt.utils import add_prefix
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
+from sglang_patches.settings import DRAFT_ARCHITECTURE
 
 logger = logging.getLogger("sglang_patches")
 
-ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
+ARCHITECTURE = DRAFT_ARCHITECTURE
 
 # Names of the export's stock EAGLE-3 tensors (``outlets export`` / SpecForge's serving state).
 _STOCK_LAYER_WEIGHTS = (
@@ -227,11 +228,31 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         (``specforge_outlets.model.draft.normalized_state``): for ``head_input: draft`` (the default,
         with SpecForge's ``norm_output``) the final-normed draft state, i.e. the first output of
         ``self.model(...)``; for ``head_input: fused`` the ``fc`` projection of the target features,
-        normed the same way. Not yet called during speculation (see docs/serving.md, EAGLE-3 mode).
+        normed the same way.
         """
         raw = self.length_head(states.to(self.length_head.mlp[0].weight.dtype))
         return self.length_head.log_remaining(raw).float()
 
+    def log_remaining_from_draft_state(self, draft_states: torch.Tensor) -> torch.Tensor:
+        """[B, H] the recurrent draft state SGLang's EAGLE worker keeps -> [B] z, float32.
+
+        The worker keeps what ``self.model`` returns as its aux output: the state before the final
+        norm unless the config sets ``norm_output``. The head reads the normed state, one RMSNorm
+        away, so EAGLE-3 mode costs this norm and the head's MLP per request, no second forward.
+        Only a ``head_input: draft`` head reads this state (see :meth:`require_draft_state_head`).
+        """
+        states = draft_states if self.model.norm_output else self.model.norm(draft_states)
+        return self.length_log_remaining(states)
+
+    def require_draft_state_head(self) -> None:
+        """Refuse EAGLE-3 mode for a head trained on the fused target features (not the draft state)."""
+        if self.length_head_input != "draft":
+            raise OutletsDraftError(
+                f"{ARCHITECTURE}: outlets_config.head_input={self.length_head_input!r}: EAGLE-3 mode reads the "
+                "length head on the draft state the speculative worker keeps, which a head trained on the fused "
+                "target features cannot read. Train with head_input: draft, or use predictor-only mode "
+                "(--outlets-draft-path, speculative decoding off)."
+            )
 
 
 def register() -> None:

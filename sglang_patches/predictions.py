@@ -19,7 +19,13 @@ from specforge_outlets.scheduling import (
     predicted_remaining,
     sjf_sort_key,
 )
-from sglang_patches.settings import CUSTOM_PARAM_KEY, META_INFO_KEY, parse_prediction
+from sglang_patches.settings import (
+    CUSTOM_PARAM_KEY,
+    META_INFO_KEY,
+    REMAINING_AFTER_META_KEY,
+    REMAINING_META_KEY,
+    parse_prediction,
+)
 
 logger = logging.getLogger("sglang_patches")
 
@@ -38,12 +44,12 @@ class FallbackCounter:
         self._lock = threading.Lock()
         self.count = 0
 
-    def record(self, rid, reason: str) -> int:
+    def record(self, rid, reason: str, using: str = "the prior") -> int:
         with self._lock:
             self.count += 1
             count = self.count
-        logger.warning("OUTLETS prediction failed for request %s (%s): using the prior; failures so far: %d",
-                       rid, reason, count)
+        logger.warning("OUTLETS prediction failed for request %s (%s): using %s; failures so far: %d",
+                       rid, reason, using, count)
         return count
 
 
@@ -65,9 +71,42 @@ def prediction(req) -> Optional[float]:
 
 
 def set_prediction(req, value: float, source: str) -> None:
+    """r̂_0: the request's predicted output length, reported as ``predicted_output_len``."""
+    _predict_total(req, value, source)
+    _report(req, META_INFO_KEY, value)
+
+
+def set_remaining_estimate(req, estimate: float, output_len: int) -> None:
+    """r̂_t from the running EAGLE-3 draft, read at the ``output_len``-th output token.
+
+    The head's estimate at a token counts that token (the labels are L, L-1, ..., 1 from the first
+    response token on: ``specforge_outlets.data.labels``), so the request is predicted to end after
+    ``output_len - 1 + estimate`` tokens. That total replaces the prediction every reader uses (the
+    order keys, retraction, KV admission, routing), so each falls by one per token generated until
+    the next estimate; the first estimate (``output_len == 1``, at prefill) is r̂_0 itself.
+    """
+    total = output_len - 1 + float(estimate)
+    if output_len <= 1:
+        set_prediction(req, total, "draft")
+        return
+    _predict_total(req, total, "draft")
+    _report(req, REMAINING_META_KEY, max(total - output_len, 0.0), at_output=output_len - 1)
+    _report(req, REMAINING_AFTER_META_KEY, output_len, at_output=output_len - 1)
+
+
+def _predict_total(req, value: float, source: str) -> None:
     setattr(req, ATTR_PREDICTION, float(value))
     setattr(req, ATTR_ORDER_KEYS, None)
     setattr(req, ATTR_SOURCE, source)
+
+
+def _report(req, key: str, value, at_output: int = 0) -> None:
+    """``value`` under ``key`` in the request's ``customized_info``, at output token ``at_output``.
+
+    SGLang slices each ``customized_info`` list by output token when it streams (a chunk carries
+    the entries of its own tokens), so a value is put at the token it belongs to: r̂_0 at the first
+    (sent with it, or at the end without streaming), r̂_t at the token it was read at. The meta_info
+    hook (``meta_info.py``) reports the latest value of each key."""
     info = getattr(req, "customized_info", None)
     if info is None:
         info = {}
@@ -75,8 +114,8 @@ def set_prediction(req, value: float, source: str) -> None:
             req.customized_info = info
         except AttributeError:
             return
-    # One value per request, emitted with the request's output into meta_info.
-    info[META_INFO_KEY] = [round(float(value), 3)]
+    # only the latest value is kept (earlier ones were streamed with their tokens already)
+    info[key] = [None] * at_output + [value if isinstance(value, int) else round(float(value), 3)]
 
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:

@@ -7,9 +7,9 @@ which applied and refuses a feature whose hooks did not (``state.check_hooks``).
 
 from __future__ import annotations
 
-from sglang_patches import cli, kv_admission, meta_info, ordering, predictor, routing, state
+from sglang_patches import cli, kv_admission, meta_info, ordering, predictor, routing, speculative, state
 
-AREAS = (cli, ordering, kv_admission, meta_info, routing, predictor)
+AREAS = (cli, ordering, kv_admission, meta_info, routing, predictor, speculative)
 
 
 def register_all() -> None:

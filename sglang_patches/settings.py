@@ -29,6 +29,10 @@ from specforge_outlets.scheduling import (
 )
 
 POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
+# The architecture an `outlets export` names in its config.json (sglang_patches/eagle3_draft.py implements it).
+DRAFT_ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
+# --speculative-algorithm values whose draft worker EAGLE-3 mode reads (SGLang runs EAGLE-3 drafts under both).
+EAGLE_ALGORITHMS = ("EAGLE3", "EAGLE")
 
 ENV_PRIOR = "OUTLETS_PRIOR_OUTPUT_LEN"
 ENV_AGING = "OUTLETS_AGING_TOKENS_PER_S"
@@ -47,6 +51,9 @@ ORDERS = (QueuePolicy.TAIL_SAFE, QueuePolicy.SJF)
 CUSTOM_PARAM_KEY = "outlets_predicted_output_len"
 # Key of the prediction in each response's ``meta_info``.
 META_INFO_KEY = "predicted_output_len"
+# Keys of the latest remaining-length estimate in EAGLE-3 mode (r̂_t) and of the output length it was made at.
+REMAINING_META_KEY = "predicted_remaining_len"
+REMAINING_AFTER_META_KEY = "predicted_remaining_after"
 
 # (flag, dest, env, type, help); --help adds "Env: <env>" to each
 FLAGS = (
@@ -137,10 +144,10 @@ def validate_draft_dir(path: str) -> dict:
         raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no config.json (expected an `outlets export` directory)")
     with open(config_path) as handle:
         config = json.load(handle)
-    if "OutletsLlamaForCausalLMEagle3" not in (config.get("architectures") or []):
+    if DRAFT_ARCHITECTURE not in (config.get("architectures") or []):
         raise OutletsSettingsError(
             f"--outlets-draft-path {path!r}: architectures={config.get('architectures')} is not an OUTLETS draft "
-            "(expected OutletsLlamaForCausalLMEagle3; a plain EAGLE-3 draft has no length head)"
+            f"(expected {DRAFT_ARCHITECTURE}; a plain EAGLE-3 draft has no length head)"
         )
     try:
         OutletsDraftConfig.from_dict(config.get("outlets_config") or {})  # the one parser of the block
@@ -150,6 +157,20 @@ def validate_draft_dir(path: str) -> dict:
     if not any(name.endswith(".safetensors") for name in os.listdir(path)):
         raise OutletsSettingsError(f"--outlets-draft-path {path!r}: no .safetensors weights")
     return config
+
+
+def is_outlets_speculative_draft(speculative_algorithm, speculative_draft_model_path) -> bool:
+    """EAGLE-3 speculative decoding with an ``outlets export`` as its draft (its config.json names our class).
+
+    A hub id (no local config.json) is not recognised here; the draft worker's hook still reads
+    the head once the draft has loaded, but the refusal of missing hooks then comes at start-up."""
+    if str(speculative_algorithm or "").upper() not in EAGLE_ALGORITHMS:
+        return False
+    config = os.path.join(str(speculative_draft_model_path or ""), "config.json")
+    if not os.path.isfile(config):
+        return False
+    with open(config) as handle:
+        return DRAFT_ARCHITECTURE in (json.load(handle).get("architectures") or [])
 
 
 def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int, hidden_size: int) -> None:

@@ -74,6 +74,7 @@ CLI = "command line"
 ORDERING = "--schedule-policy outlets"
 ROUTING = "--load-balance-method outlets"
 PREDICTOR = "--outlets-draft-path"
+SPECULATIVE = "EAGLE-3 mode (an outlets export as --speculative-draft-model-path)"
 
 # The SGLang releases these hook targets were written for and the serve tests run against
 # (requirements/serve-cpu.txt pins the newest); private methods among them move between releases.
@@ -124,8 +125,11 @@ def check_hooks(features) -> None:
             f"(pip install 'sglang=={TESTED_SGLANG_VERSIONS[-1]}'), or start without the OUTLETS flags for stock SGLang.")
 
 
-def features_asked(schedule_policy, load_balance_method, draft_path) -> set:
-    """The OUTLETS features a server's arguments ask for (none: stock SGLang, nothing is checked)."""
+def features_asked(schedule_policy, load_balance_method, draft_path, speculative_outlets_draft: bool = False) -> set:
+    """The OUTLETS features a server's arguments ask for (none: stock SGLang, nothing is checked).
+
+    ``speculative_outlets_draft``: EAGLE-3 speculative decoding runs an ``outlets export``. Its
+    predictions are asked for only together with an OUTLETS policy; as a plain draft it is stock."""
     asked = set()
     if schedule_policy == POLICY_NAME:
         asked.add(ORDERING)
@@ -133,6 +137,8 @@ def features_asked(schedule_policy, load_balance_method, draft_path) -> set:
         asked.add(ROUTING)
     if draft_path is not None:
         asked.add(PREDICTOR)
+    if speculative_outlets_draft and asked & {ORDERING, ROUTING}:
+        asked.add(SPECULATIVE)
     return asked
 
 
@@ -188,6 +194,13 @@ def metrics() -> _Metrics:
 
 
 _logged = set()
+_speculative_predictions = False  # EAGLE-3 mode found our draft behind this process's speculative worker
+
+
+def use_speculative_predictions() -> None:
+    """Note that this process predicts from the running EAGLE-3 draft (``speculative.worker_init_after``)."""
+    global _speculative_predictions
+    _speculative_predictions = True
 
 
 def log_startup(where: str) -> None:
@@ -197,6 +210,8 @@ def log_startup(where: str) -> None:
     current = settings()
     if current.draft_path:
         mode = f"predictor-only (OUTLETS draft {current.draft_path})"
+    elif _speculative_predictions:
+        mode = "EAGLE-3 (the speculative OUTLETS draft's length head: r̂_0 at prefill, r̂_t after each verify)"
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling

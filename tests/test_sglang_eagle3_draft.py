@@ -142,7 +142,8 @@ def file_tensors(directory):
 
 def sglang_draft_forward(model, input_ids, fused):
     """One extend pass of the draft through SGLang's own layers and torch_native attention backend
-    (KV written to and read from SGLang's MHA KV pool). Returns the normed state the LM head reads."""
+    (KV written to and read from SGLang's MHA KV pool). Returns the normed state the LM head reads and
+    the state the EAGLE worker keeps (before the final norm)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -165,8 +166,8 @@ def sglang_draft_forward(model, input_ids, fused):
     )
     backend.init_forward_metadata(batch)
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
-        normed, _aux = model.model(input_ids, positions, batch)
-    return normed
+        normed, (kept,) = model.model(input_ids, positions, batch)
+    return normed, kept
 
 
 def rms_norm(x, weight, eps=1e-5):
@@ -251,18 +252,35 @@ def test_gated_draft_forward_through_sglang_attention_matches_plain_pytorch(sgla
     input_ids = torch.randint(0, VOCAB, (TOKENS,), generator=g)
     fused = torch.randn(TOKENS, 3 * H, generator=g)
 
-    normed = sglang_draft_forward(model, input_ids, fused)
+    normed, kept = sglang_draft_forward(model, input_ids, fused)
     with torch.no_grad():
         z = model.length_log_remaining(normed)
+        from_kept = model.log_remaining_from_draft_state(kept)  # EAGLE-3 mode: the worker's recurrent state
 
     reference = OutletsLengthPredictor(directory, torch.nn.Embedding.from_pretrained(embedding))
     states = reference.states(fused, input_ids)  # position j embeds the token at j (the next token)
     torch.testing.assert_close(normed, rms_norm(states, reference.w["norm.weight"]), rtol=0, atol=2e-5)
     torch.testing.assert_close(z, reference.log_remaining(states), rtol=0, atol=2e-5)
+    torch.testing.assert_close(from_kept, z, rtol=0, atol=1e-6)
+    assert (kept - normed).abs().max() > 1e-2  # the kept state is not the normed one
     # The gate is really applied: without it the same weights give another state.
     reference.gated = False
     ungated = rms_norm(reference.states(fused, input_ids), reference.w["norm.weight"])
     assert (normed - ungated).abs().max() > 1e-2
+
+
+def test_eagle3_mode_refuses_a_head_trained_on_the_fused_features(sglang_cpu, tmp_path):
+    directory = make_export(tmp_path / "draft")
+    with open(os.path.join(directory, "config.json")) as handle:
+        config = json.load(handle)
+    config["outlets_config"]["head_input"] = "fused"
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    from sglang_patches.eagle3_draft import OutletsDraftError
+
+    with pytest.raises(OutletsDraftError, match="head_input='fused'.*predictor-only mode"):
+        load_with_sglang(directory).require_draft_state_head()
+    load_with_sglang(make_export(tmp_path / "draft-state")).require_draft_state_head()
 
 
 def test_ungated_export_has_no_gate(sglang_cpu, tmp_path):
@@ -277,7 +295,7 @@ def test_ungated_export_has_no_gate(sglang_cpu, tmp_path):
     model.model.embed_tokens.weight.data.copy_(embedding)
     input_ids = torch.randint(0, VOCAB, (TOKENS,), generator=g)
     fused = torch.randn(TOKENS, 3 * H, generator=g)
-    normed = sglang_draft_forward(model, input_ids, fused)
+    normed, _ = sglang_draft_forward(model, input_ids, fused)
     reference = OutletsLengthPredictor(directory, torch.nn.Embedding.from_pretrained(embedding))
     assert not reference.gated
     states = reference.states(fused, input_ids)

@@ -24,7 +24,7 @@ if STUBS not in sys.path:
     sys.path.insert(0, STUBS)
 
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
-from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, state  # noqa: E402
+from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, speculative, state  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
     ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
@@ -83,7 +83,7 @@ def test_every_hook_is_applied(plugins_loaded):
     from sglang_patches import registry
 
     exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
-    assert len(exported) == len(set(exported)) == 16
+    assert len(exported) == len(set(exported)) == 18
     assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -346,6 +346,123 @@ def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loade
     for req in reqs:
         req.origin_input_ids = [1, 2]
     assert ScheduleBatch._get_decode_retraction_order(reqs) == [2, 0, 1, 3, 4, 5]  # stock: longest output kept
+
+
+# --- EAGLE-3 mode: the draft's estimates reach the requests and every reader ---------------------------
+
+
+def decoding(rid, output_len, predicted=None, arrival=0.0):
+    req = request(rid, predicted, arrival=arrival, generated=output_len)
+    req.finished = lambda: False
+    return req
+
+
+def commit(req, new_tokens):
+    """The step's tokens appended to the request, as SGLang commits them, and their ``CommittedTokens``."""
+    from sglang.srt.managers.auxiliary_output import CommittedTokens
+
+    start = len(req.output_ids)
+    req.output_ids += [7] * new_tokens
+    return CommittedTokens(output_index=start, token_ids=tuple(req.output_ids[start:]))
+
+
+def step_estimates(reqs, estimates, new_tokens):
+    """One step of the auxiliary-output channel: device output -> host copy -> consume after the commit."""
+    import torch
+
+    z = torch.log1p(torch.tensor(estimates, dtype=torch.float32))
+    host = speculative.DraftLengthEstimates(z).copy_to_host(lambda tensor: tensor.clone())
+    commits = [commit(req, n) if n else None for req, n in zip(reqs, new_tokens)]
+    host.consume(SimpleNamespace(reqs=reqs), commits)
+
+
+def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded, monkeypatch):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_MARGIN, "0")
+    state.reset_settings()
+    config = state.settings().scheduling
+    a, b = decoding("a", 0), decoding("b", 0)
+    step_estimates([a, b], [40.0, 900.0], new_tokens=[1, 1])  # prefill: r̂_0, read at the first token
+    assert (P.prediction(a), P.prediction(b)) == pytest.approx((40.0, 900.0))
+    assert a.customized_info["predicted_output_len"] == [40.0]
+    assert P.remaining(b, config) == pytest.approx(899.0)
+    assert [[a, b][i].rid for i in ScheduleBatch._get_decode_retraction_order([a, b])] == ["a", "b"]  # b goes first
+    for req in (a, b):
+        req.sampling_params = SimpleNamespace(max_new_tokens=2000, ignore_eos=False, custom_params=None)
+    offset = PrefillAdder._get_running_request_total_token_offset
+    assert offset(None, b) == pytest.approx(899, abs=1)  # whole tokens, rounded up; z travels in float32
+
+    # a verify step: a accepted 2 tokens (3 generated), b 1 (2 generated); the draft now expects b to end soon
+    step_estimates([a, b], [120.0, 5.0], new_tokens=[2, 1])
+    assert P.prediction(a) == pytest.approx(2 + 120.0) and P.remaining(a, config) == pytest.approx(119.0)
+    assert P.prediction(b) == pytest.approx(1 + 5.0) and P.remaining(b, config) == pytest.approx(4.0)
+    assert [[a, b][i].rid for i in ScheduleBatch._get_decode_retraction_order([a, b])] == ["b", "a"]
+    assert offset(None, b) == pytest.approx(4, abs=1)
+    assert a.customized_info["predicted_output_len"] == [40.0]  # r̂_0 is kept; the estimate sits at its token
+    assert a.customized_info["predicted_remaining_len"] == [None, None, 119.0]
+    assert a.customized_info["predicted_remaining_after"] == [None, None, 3]
+    # the waiting-queue order reads the new estimate, not the cached key of the last round
+    assert admission_order([a, b], QueuePolicy.SJF, config, keys=P.CachedOrderKeys(config)) == [b, a]
+    meta = {"predicted_output_len": [40.0], "predicted_remaining_len": [None, 130.0, None, 119.0],
+            "predicted_remaining_after": [None, 2, None, 3]}
+    meta_info.update_meta_info_after(None, None, meta, None, {}, 0, None)
+    assert meta == {"predicted_output_len": 40.0, "predicted_remaining_len": 119.0, "predicted_remaining_after": 3}
+
+
+def test_a_step_without_new_tokens_or_a_finished_request_keeps_its_prediction(plugins_loaded):
+    chunked, done, bad = decoding("chunked", 0), decoding("done", 4, predicted=50.0), decoding("bad", 4, predicted=60.0)
+    done.finished = lambda: True
+    before = P.FALLBACKS.count
+    step_estimates([chunked, done, bad], [10.0, 10.0, float("inf")], new_tokens=[0, 1, 1])
+    assert P.prediction(chunked) is None  # a prefill chunk with more to come: no token, no estimate
+    assert P.prediction(done) == 50.0 and P.prediction(bad) == 60.0
+    assert P.FALLBACKS.count == before + 1  # the non-finite estimate, counted and logged
+
+
+def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded):
+    class Broken:
+        def log_remaining_from_draft_state(self, states):
+            raise RuntimeError("boom")
+
+    fresh, running = decoding("fresh", 0), decoding("running", 5, predicted=70.0)
+    worker = SimpleNamespace(outlets_length_draft=Broken())
+    batch = SimpleNamespace(reqs=[fresh, running], forward_mode=SimpleNamespace(is_idle=lambda: False))
+    import torch
+
+    result = SimpleNamespace(next_draft_input=SimpleNamespace(hidden_states=torch.zeros(2, 4)),
+                             logits_output=SimpleNamespace(auxiliary_device_output=None))
+    assert speculative.forward_batch_generation_around(lambda self, b: result, worker, batch) is result
+    assert P.prediction(fresh) == state.settings().scheduling.prior_output_len
+    assert P.prediction(running) == 70.0
+    assert result.logits_output.auxiliary_device_output is None
+
+
+def test_eagle3_mode_is_asked_for_with_an_outlets_policy_and_an_outlets_export(tmp_path):
+    from sglang_patches.settings import is_outlets_speculative_draft
+
+    export = write_export(tmp_path / "export")
+    assert is_outlets_speculative_draft("EAGLE3", export)
+    assert not is_outlets_speculative_draft(None, export) and not is_outlets_speculative_draft("NGRAM", export)
+    assert not is_outlets_speculative_draft("EAGLE3", str(tmp_path))  # a plain EAGLE-3 draft (no config here)
+    assert state.SPECULATIVE in state.features_asked("outlets", None, None, True)
+    assert state.features_asked("fcfs", None, None, True) == set()  # our export as a plain draft: stock
+
+
+def test_cli_refuses_eagle3_mode_when_the_worker_hook_did_not_apply(plugins_loaded, monkeypatch, tmp_path, capsys):
+    from sglang.srt.server_args import prepare_server_args
+
+    without_hook(monkeypatch, "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation")
+    export = write_export(tmp_path / "export")
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets",
+                             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", export])
+    assert "EAGLEWorkerV2.forward_batch_generation" in capsys.readouterr().err
+    stock = prepare_server_args(["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE3",
+                                 "--speculative-draft-model-path", export])  # no OUTLETS policy: stock
+    assert stock.speculative_algorithm == "EAGLE3"
 
 
 def test_meta_info_gets_one_scalar_prediction(plugins_loaded):

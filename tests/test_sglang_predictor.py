@@ -6,32 +6,19 @@ environment (.venv, SpecForge) through tests/sglang_harness/offline_reference.py
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from tests.data_fixtures import make_chat_target  # noqa: E402
-from tests.sglang_harness.server import REPO, start_server  # noqa: E402
+from tests.sglang_harness.offline_reference import in_training_env  # noqa: E402
+from tests.sglang_harness.server import start_server  # noqa: E402
 
 PRIOR = 256.0
-TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
 PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the draft raise for prompts starting with these ids
-
-
-def training_env(*args) -> str:
-    """Run offline_reference.py in the training environment; its last stdout line."""
-    if not os.path.exists(TRAIN_PYTHON):
-        pytest.skip(f"the training environment ({TRAIN_PYTHON}) is needed for the offline reference (make install)")
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([TRAIN_PYTHON, "-m", "tests.sglang_harness.offline_reference", *args], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +28,7 @@ def chat_target(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def outlets_export(chat_target, tmp_path_factory) -> str:
-    return training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
+    return in_training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +47,7 @@ def test_r0_equals_the_offline_prediction_of_the_export(server, chat_target, out
         served.append((prompt, response["output_ids"][0], response["meta_info"]["predicted_output_len"]))
     cases = tmp_path / "cases.json"
     cases.write_text(json.dumps([{"prompt_ids": p, "first_token": t} for p, t, _ in served]))
-    offline = json.loads(training_env("predict", outlets_export, chat_target, str(cases)))
+    offline = json.loads(in_training_env("predict", outlets_export, chat_target, str(cases)))
     for (prompt, first, value), reference in zip(served, offline):
         # Same prompt, same first token; float32 on both sides. meta_info rounds to 3 decimals.
         assert value == pytest.approx(reference, rel=1e-4, abs=2e-3), (prompt, first, value, reference)

@@ -1,8 +1,10 @@
 """Run in the TRAINING environment (.venv, which has SpecForge): make an OUTLETS export for a target
-and compute the offline r̂_0 the exported draft predicts for given prompts.
+and compute offline what the exported draft predicts: r̂_0 for given prompts, or the estimate at every
+output token of given responses (the r̂_t of EAGLE-3 mode).
 
     python -m tests.sglang_harness.offline_reference export TARGET OUT_DIR
     python -m tests.sglang_harness.offline_reference predict EXPORT TARGET CASES.json  -> JSON on stdout
+    python -m tests.sglang_harness.offline_reference trajectory EXPORT TARGET CASES.json  -> JSON on stdout
 
 The export goes through `outlets export` (``export_draft``) from a training state of a randomly
 initialised OUTLETS draft (seeded): the serving tests need a real export, not a trained one. The
@@ -15,7 +17,25 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
+
+
+def in_training_env(*args) -> str:
+    """Called from the serve environment's tests: run this module in the training environment; its
+    last stdout line. Skips the calling test when the training environment is not built."""
+    import pytest
+
+    if not os.path.exists(TRAIN_PYTHON):
+        pytest.skip(f"the training environment ({TRAIN_PYTHON}) is needed for the offline reference (make install)")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run([TRAIN_PYTHON, "-m", "tests.sglang_harness.offline_reference", *args], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
 
 
 def make_export(target: str, out: str) -> str:
@@ -57,7 +77,9 @@ def make_export(target: str, out: str) -> str:
     return export_draft(os.path.join(step, "training_state.pt"), out, os.path.join(run, "draft_config.json"))
 
 
-def predict(export: str, target: str, cases: list) -> list:
+def trajectories(export: str, target: str, cases: list) -> list:
+    """Per case, the draft's estimate at each output token: entry k is read by the state that sees
+    output token k + 1 (entry 0 is r̂_0: the last prompt position, which reads the first token)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -70,16 +92,22 @@ def predict(export: str, target: str, cases: list) -> list:
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     results = []
     for case in cases:
-        prompt, first = list(case["prompt_ids"]), int(case["first_token"])
-        ids = torch.tensor([prompt + [first]])
+        prompt, output = list(case["prompt_ids"]), [int(token) for token in case["output_ids"]]
+        ids = torch.tensor([prompt + output])
         with torch.no_grad():
             hidden = model(ids[:, :-1], output_hidden_states=True).hidden_states
         aux = torch.cat([hidden[k] for k in fusion], dim=-1)  # [1, n, 3H]
-        # input_ids for the reference: position j reads token j + 1, so pass prompt + first token
-        # and the features of the prompt positions (the last id only feeds position n - 1).
-        z = predict_log_remaining(draft, ids, torch.cat([aux, aux[:, -1:]], dim=1))[0, len(prompt) - 1]
-        results.append(float(log_remaining_to_tokens(z)))
+        # position j reads token j + 1, so the reference gets every id and the features of all but
+        # the last position (the last id only feeds position n - 1).
+        z = predict_log_remaining(draft, ids, torch.cat([aux, aux[:, -1:]], dim=1))[0, len(prompt) - 1:-1]
+        results.append([float(value) for value in log_remaining_to_tokens(z)])
     return results
+
+
+def predict(export: str, target: str, cases: list) -> list:
+    """r̂_0 per case: the prompt followed by its first sampled token."""
+    cases = [{"prompt_ids": case["prompt_ids"], "output_ids": [case["first_token"]]} for case in cases]
+    return [trajectory[0] for trajectory in trajectories(export, target, cases)]
 
 
 if __name__ == "__main__":
@@ -90,5 +118,9 @@ if __name__ == "__main__":
         with open(sys.argv[4]) as handle:
             cases = json.load(handle)
         print(json.dumps(predict(sys.argv[2], sys.argv[3], cases)))
+    elif command == "trajectory":
+        with open(sys.argv[4]) as handle:
+            cases = json.load(handle)
+        print(json.dumps(trajectories(sys.argv[2], sys.argv[3], cases)))
     else:
         raise SystemExit(f"unknown command {command}")

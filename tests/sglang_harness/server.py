@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
 TIMING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timing")
+EAGLE3_CPU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eagle3_cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
 REQUEST_TIMEOUT_S = 180.0
@@ -51,7 +52,8 @@ class SGLangServer:
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
                  log_path: Optional[str] = None, python: str = sys.executable,
-                 fail_prompt: Optional[List[int]] = None, time_rounds: bool = False) -> None:
+                 fail_prompt: Optional[List[int]] = None, time_rounds: bool = False,
+                 eagle3_cpu: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
@@ -68,6 +70,8 @@ class SGLangServer:
             self.env["PYTHONPATH"] = os.pathsep.join([FAULTS, self.env["PYTHONPATH"]])
         if time_rounds:  # a test-only plugin logs the prefill scheduling time per round (timing/)
             self.env["PYTHONPATH"] = os.pathsep.join([TIMING, self.env["PYTHONPATH"]])
+        if eagle3_cpu:  # a test-only plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
+            self.env["PYTHONPATH"] = os.pathsep.join([EAGLE3_CPU, self.env["PYTHONPATH"]])
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-{self.port}.log")
         self.process: Optional[subprocess.Popen] = None
         self.start_seconds: Optional[float] = None
@@ -133,6 +137,18 @@ class SGLangServer:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as response:
             return response.read().decode()
 
+    def stream(self, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> List[dict]:
+        """POST a ``/generate`` body with ``stream: true``; every chunk the server sent, in order."""
+        request = urllib.request.Request(f"{self.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        chunks = []
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for line in response:
+                line = line.decode().strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[len("data:"):]))
+        return chunks
+
     def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted=None, **sampling) -> dict:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
         if predicted is not None:
@@ -196,8 +212,8 @@ def omp_bind_groups(ranks: int) -> str:
 
 
 def start_server(model_path: str, log_dir: str, args: List[str], env: Optional[Dict[str, str]] = None,
-                 fail_prompt: Optional[List[int]] = None) -> SGLangServer:
-    server = SGLangServer(model_path, args, env=env, log_path=os.path.join(log_dir, "server.log"),
-                          fail_prompt=fail_prompt).start()
+                 **harness) -> SGLangServer:
+    """A started :class:`SGLangServer` logging to ``log_dir``; ``harness``: its test-only switches."""
+    server = SGLangServer(model_path, args, env=env, log_path=os.path.join(log_dir, "server.log"), **harness).start()
     print(f"server {args} healthy after {server.start_seconds:.1f} s")
     return server

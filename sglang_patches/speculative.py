@@ -1,0 +1,124 @@
+"""EAGLE-3 mode: length predictions from the draft that speculative decoding already runs.
+
+With ``--speculative-algorithm EAGLE3 --speculative-draft-model-path EXPORT`` (an ``outlets
+export``) and an OUTLETS policy, SGLang's EAGLE worker runs our draft class for drafting; after
+each of its forwards the worker keeps one recurrent draft state per request (``next_draft_input
+.hidden_states``): at prefill the state at the last prompt position, which reads the first sampled
+token (r̂_0), and after each verify step the state at the last accepted token (r̂_t). The length
+head reads that state (one RMSNorm and the head's MLP, batched, on the target's device; no second
+draft forward) and its output travels back with the step's result through SGLang's auxiliary-output
+channel (``LogitsProcessorOutput.auxiliary_device_output``): the result's own device-to-host copy
+carries it, so the decode step gains no synchronisation. When SGLang commits the step's tokens
+to the requests (``HostAuxiliaryOutput.consume``), each estimate becomes the request's prediction
+(``predictions.set_remaining_estimate``), which the waiting-queue order, the retraction order, KV
+admission and routing read.
+
+A failure falls back as predictor-only mode does: the request keeps its last prediction (the
+prior if it has none), the failure is counted and logged, and serving goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from sglang_patches import predictions as P
+from sglang_patches import state
+from sglang_patches.settings import OutletsSettingsError
+
+logger = logging.getLogger("sglang_patches")
+
+_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+ATTR_DRAFT = "outlets_length_draft"  # on the worker: our draft model, or None when EAGLE-3 mode is off
+
+
+class DraftLengthEstimates:
+    """One step's z = log(1 + estimate) per request, on the device (SGLang's ``DeviceAuxiliaryOutput``)."""
+
+    def __init__(self, log_remaining) -> None:
+        self.log_remaining = log_remaining  # [B] float32, rows in batch.reqs order
+
+    def copy_to_host(self, copy_tensor) -> "HostDraftLengthEstimates":
+        return HostDraftLengthEstimates(copy_tensor(self.log_remaining))
+
+
+class HostDraftLengthEstimates:
+    """The step's estimates on the host, set on the requests once their tokens are committed."""
+
+    def __init__(self, log_remaining) -> None:
+        self.log_remaining = log_remaining
+
+    def consume(self, batch, commits) -> None:
+        import torch
+
+        estimates = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()
+        config = state.settings().scheduling
+        for req, commit, estimate in zip(batch.reqs, commits, estimates, strict=True):
+            if commit is None or req.finished():
+                continue  # a prefill chunk with more to come, or nothing left to predict
+            if not math.isfinite(estimate):
+                _fall_back(req, config, f"draft length estimate is not finite ({estimate})")
+                continue
+            P.set_remaining_estimate(req, estimate, commit.output_index + len(commit.token_ids))
+
+
+def worker_init_after(result, self, *args, **kwargs):
+    """Find our draft behind SGLang's EAGLE worker; refuse what EAGLE-3 mode cannot read."""
+    from sglang_patches.eagle3_draft import OutletsDraftError, OutletsLlamaForCausalLMEagle3
+
+    model = getattr(getattr(getattr(self, "draft_worker", None), "draft_runner", None), "model", None)
+    draft = model if isinstance(model, OutletsLlamaForCausalLMEagle3) and state.plugin_active() else None
+    if draft is not None:
+        try:
+            draft.require_draft_state_head()
+        except OutletsDraftError as error:
+            raise OutletsSettingsError(str(error)) from None
+        state.check_hooks({state.SPECULATIVE})
+        state.use_speculative_predictions()
+        state.log_startup("eagle3")
+    setattr(self, ATTR_DRAFT, draft)
+    return result
+
+
+def forward_batch_generation_around(original, self, batch, *args, **kwargs):
+    result = original(self, batch, *args, **kwargs)
+    draft = getattr(self, ATTR_DRAFT, None)
+    if draft is None or batch is None or batch.forward_mode.is_idle():
+        return result
+    try:
+        attach_estimates(draft, batch, result)
+    except Exception as error:  # never let the length head break the step
+        config = state.settings().scheduling
+        for req in batch.reqs:
+            _fall_back(req, config, f"draft length head error: {error!r}")
+    return result
+
+
+def _fall_back(req, config, reason: str) -> None:
+    """No estimate this step: the request keeps its last prediction, or gets the prior if it has none."""
+    if P.prediction(req) is None:
+        P.fall_back_to_prior(req, config, reason)
+    else:
+        P.FALLBACKS.record(req.rid, reason, using="its last prediction")
+
+
+def attach_estimates(draft, batch, result) -> None:
+    """Read the head on the step's draft states and hand the estimates to the step's result."""
+    import torch
+    from sglang.srt.managers.auxiliary_output import append_auxiliary_output
+
+    states = getattr(getattr(result, "next_draft_input", None), "hidden_states", None)  # [B, H]
+    logits_output = getattr(result, "logits_output", None)
+    if states is None or logits_output is None:
+        raise RuntimeError("the EAGLE worker returned no draft state for this step")
+    if states.shape[0] != len(batch.reqs):
+        raise RuntimeError(f"{states.shape[0]} draft states for {len(batch.reqs)} requests")
+    with torch.inference_mode():
+        estimates = DraftLengthEstimates(draft.log_remaining_from_draft_state(states))
+    logits_output.auxiliary_device_output = append_auxiliary_output(logits_output.auxiliary_device_output, estimates)
+
+
+HOOK_TARGETS = [
+    (f"{_WORKER}.__init__", worker_init_after, "AFTER", {state.SPECULATIVE}),
+    (f"{_WORKER}.forward_batch_generation", forward_batch_generation_around, "AROUND", {state.SPECULATIVE}),
+]
