@@ -70,6 +70,11 @@ def prediction(req) -> Optional[float]:
     return getattr(req, ATTR_PREDICTION, None)
 
 
+def is_external(req) -> bool:
+    """The prediction came with the request (``custom_params``): it takes precedence over any predictor."""
+    return getattr(req, ATTR_SOURCE, None) == "external"
+
+
 def set_prediction(req, value: float, source: str) -> None:
     """r̂_0: the request's predicted output length, reported as ``predicted_output_len``."""
     _predict_total(req, value, source)

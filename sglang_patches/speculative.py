@@ -13,6 +13,7 @@ to the requests (``HostAuxiliaryOutput.consume``), each estimate becomes the req
 (``predictions.set_remaining_estimate``), which the waiting-queue order, the retraction order, KV
 admission and routing read.
 
+A prediction the request carried (``custom_params``) takes precedence, as in predictor-only mode.
 A failure falls back as predictor-only mode does: the request keeps its last prediction (the
 prior if it has none), the failure is counted and logged, and serving goes on.
 """
@@ -54,8 +55,8 @@ class HostDraftLengthEstimates:
         estimates = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()
         config = state.settings().scheduling
         for req, commit, estimate in zip(batch.reqs, commits, estimates, strict=True):
-            if commit is None or req.finished():
-                continue  # a prefill chunk with more to come, or nothing left to predict
+            if commit is None or req.finished() or P.is_external(req):
+                continue  # a prefill chunk with more to come, nothing left to predict, or the client's prediction
             if not math.isfinite(estimate):
                 _fall_back(req, config, f"draft length estimate is not finite ({estimate})")
                 continue

@@ -412,13 +412,16 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     assert meta == {"predicted_output_len": 40.0, "predicted_remaining_len": 119.0, "predicted_remaining_after": 3}
 
 
-def test_a_step_without_new_tokens_or_a_finished_request_keeps_its_prediction(plugins_loaded):
-    chunked, done, bad = decoding("chunked", 0), decoding("done", 4, predicted=50.0), decoding("bad", 4, predicted=60.0)
+def test_a_step_without_new_tokens_a_finished_request_or_a_clients_prediction_keeps_its_prediction(plugins_loaded):
+    chunked, done, bad = decoding("chunked", 0), decoding("done", 4), decoding("bad", 4)
+    client = decoding("client", 0, predicted=80.0)  # custom_params: precedence over the draft
+    for req, value in ((done, 50.0), (bad, 60.0)):
+        P.set_prediction(req, value, "draft")
     done.finished = lambda: True
     before = P.FALLBACKS.count
-    step_estimates([chunked, done, bad], [10.0, 10.0, float("inf")], new_tokens=[0, 1, 1])
+    step_estimates([chunked, done, bad, client], [10.0, 10.0, float("inf"), 10.0], new_tokens=[0, 1, 1, 1])
     assert P.prediction(chunked) is None  # a prefill chunk with more to come: no token, no estimate
-    assert P.prediction(done) == 50.0 and P.prediction(bad) == 60.0
+    assert P.prediction(done) == 50.0 and P.prediction(bad) == 60.0 and P.prediction(client) == 80.0
     assert P.FALLBACKS.count == before + 1  # the non-finite estimate, counted and logged
 
 

@@ -149,7 +149,8 @@ class SGLangServer:
                     chunks.append(json.loads(line[len("data:"):]))
         return chunks
 
-    def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted=None, **sampling) -> dict:
+    def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted=None,
+                 timeout: float = REQUEST_TIMEOUT_S, **sampling) -> dict:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
         if predicted is not None:
             params["custom_params"] = {"outlets_predicted_output_len": predicted}
@@ -158,9 +159,9 @@ class SGLangServer:
             body["input_ids"] = input_ids
         else:
             body["text"] = text
-        return self.post("/generate", body)
+        return self.post("/generate", body, timeout=timeout)
 
-    def burst(self, requests: List[dict], gap_s: float = 0.1) -> List[dict]:
+    def burst(self, requests: List[dict], gap_s: float = 0.1, timeout: float = REQUEST_TIMEOUT_S) -> List[dict]:
         """Send requests concurrently, ``gap_s`` apart (arrival order = list order).
 
         Each item: kwargs of :meth:`generate`. Returns, per request, its response and the
@@ -173,7 +174,7 @@ class SGLangServer:
         def run(index: int, kwargs: dict) -> None:
             try:
                 sent[index] = time.monotonic()
-                response = self.generate(**kwargs)
+                response = self.generate(timeout=timeout, **kwargs)
                 results[index] = {"response": response, "done": time.monotonic(), "sent": sent[index]}
             except BaseException as error:  # reported below
                 errors.append(error)
@@ -185,7 +186,7 @@ class SGLangServer:
             threads.append(thread)
             time.sleep(gap_s)
         for thread in threads:
-            thread.join(REQUEST_TIMEOUT_S)
+            thread.join(timeout)
         if errors:
             raise errors[0]
         assert all(result is not None for result in results), "a request of the burst did not finish"
