@@ -266,7 +266,7 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens"])
-@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"])
 @pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
@@ -334,8 +334,76 @@ def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_outp
     # the first request is alone and starts at once; then 20 < 290 < 300 tokens: 3, 2, 1 (FCFS: 1, 2, 3)
     assert first_tokens[3] < first_tokens[2] < first_tokens[1]
     assert fcfs.first_token_times[1] < fcfs.first_token_times[2] < fcfs.first_token_times[3]
-    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first"):
+    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first, lof, hrrn"):
         queue_policy("lpm")
+
+
+def test_sglang_lof_serves_the_largest_max_new_tokens_first_and_ties_fcfs(unit_steps):
+    """SGLang's lof sorts by max_new_tokens: with the cap below every output (the client asks for the
+    output), longest output first; with every output under the cap, all tie and it is FCFS."""
+    trace = make_trace([(0.0, 50, 2), (0.1, 50, 5), (0.2, 50, 30), (0.3, 50, 10)])
+    uncapped = simulate(trace, pd_cluster(max_prefill_tokens=50), queue="lof").first_token_times.tolist()
+    assert uncapped[2] < uncapped[3] < uncapped[1]  # 30, 10, 5 tokens asked: C, D, B
+    capped = simulate(trace, pd_cluster(max_prefill_tokens=50, max_new_tokens=100), queue="lof")
+    fcfs = simulate(trace, pd_cluster(max_prefill_tokens=50, max_new_tokens=100), queue="fcfs")
+    assert capped.first_token_times.tolist() == fcfs.first_token_times.tolist()
+
+
+def test_sglang_hrrn_serves_the_highest_ratio_of_prefill_waited_to_own_prefill(unit_steps):
+    """SGLang's hrrn: the prefill tokens processed since a request queued, over its own prompt.
+
+    One prompt per 1 s prefill batch. A is alone at 0 s (60 tokens handed out); B, Z and X queue
+    during it and tie at ratio 0 at 1 s (FCFS: B). At 2 s 120 tokens were handed out: X (30 tokens)
+    has waited 60 / 30, Z 60 / 60, Y (queued at 120) 0: X. At 3 s: Y 30 / 5 beats Z 90 / 60."""
+    trace = make_trace([(0.0, 60, 1), (0.05, 60, 1), (0.1, 60, 1), (0.2, 30, 1), (1.5, 5, 1)])
+    first = {name: simulate(trace, pd_cluster(max_prefill_tokens=30), queue=name).first_token_times.tolist()
+             for name in ("hrrn", "fcfs", "shortest-prefill-first")}
+    a, b, z, x, y = first["hrrn"]
+    assert a < b < x < y < z
+    assert first["fcfs"][2] < first["fcfs"][3] < first["fcfs"][4]  # Z, X, Y
+    assert first["shortest-prefill-first"][4] < first["shortest-prefill-first"][2]  # Y (5 tokens) before Z
+
+
+def hrrn_queue():
+    from types import SimpleNamespace
+
+    from specforge_outlets.simulation.sglang_peers import HighestResponseRatioRequestQueue
+
+    queue = HighestResponseRatioRequestQueue()
+
+    def add(entered, tokens):
+        queue.add_request(SimpleNamespace(input_len=tokens, num_generated_tokens=0, enqueue_time=entered))
+
+    return queue, add
+
+
+def test_sglang_hrrn_sorts_once_per_round():
+    """Within one round (one ``now``) every pick uses the counter the round's sort saw, as SGLang sorts once."""
+    queue, add = hrrn_queue()
+    add(0.0, 995)
+    add(0.1, 50)
+    add(0.2, 100)
+    assert queue.pop_request(0.0).input_len == 995  # all at ratio 0: FCFS; 995 tokens handed out
+    add(0.5, 1)
+    # at 1 s: 995/50 = 19.9, 995/100 = 9.95, 0/1. After the first pick the live counter is 1045, which
+    # would rank the 1-token prompt (50) above the 100-token one (10.45); the round's sort does not.
+    assert [queue.pop_request(1.0).input_len for _ in range(2)] == [50, 100]
+    assert queue.pop_request(2.0).input_len == 1
+
+
+def test_sglang_hrrn_serves_fcfs_above_its_queue_limit():
+    """Above SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX waiting requests hrrn skips its sort: FCFS."""
+    from specforge_outlets.simulation.sglang_peers import HRRN_FCFS_ABOVE
+
+    queue, add = hrrn_queue()
+
+    add(0.0, 500)
+    for index in range(HRRN_FCFS_ABOVE):
+        add(1.0 + index, 100 if index == 0 else 10)  # the first will have waited the least per own token
+    assert queue.pop_request(0.0).input_len == 500  # 129 waiting: FCFS; 500 tokens handed out since they queued
+    assert queue.peek_request(2.0).input_len == 10  # 128 waiting: the highest ratio, 500 / 10
+    add(500.0, 10)
+    assert queue.peek_request(3.0).enqueue_time == 1.0  # 129 waiting: FCFS
 
 
 def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit_steps):

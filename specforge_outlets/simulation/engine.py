@@ -102,7 +102,7 @@ class PrefillInstance:
 
     def __init__(self, sim: "Simulation") -> None:
         self.sim = sim
-        self.queue = create_queue(sim.policy.queue, sim.scheduling)
+        self.queue = create_queue(sim.policy.queue, sim.scheduling, sim.cluster.max_new_tokens)
         self.batch: List[SimRequest] = []
 
     def num_requests(self) -> int:
@@ -155,7 +155,7 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
-        self.queue = create_queue(sim.policy.queue, sim.scheduling)
+        self.queue = create_queue(sim.policy.queue, sim.scheduling, sim.cluster.max_new_tokens)
         self.running: Dict[int, SimRequest] = {}
         self.finish_heap: List[Tuple[int, int, SimRequest]] = []  # (finish step, index, request)
         self.prefilling: Deque[SimRequest] = deque()

@@ -8,6 +8,18 @@ these reproduce SGLang 0.5.23's sort and dispatch keys.
   still to prefill first, ties by the time the request entered the queue. The simulator has no
   prefix cache, so that is the prompt plus the tokens a retracted request generated before (its
   recomputation prefills them again).
+- ``lof`` (``SchedulePolicy._sort_by_longest_output``): largest ``max_new_tokens`` first, a stable
+  sort, so ties keep queue order. The simulated client asks for ``max(max_new_tokens, its output)``
+  (the cluster's ``max_new_tokens``, as the KV reservation does): requests within the cap tie and are
+  served FCFS; only those that ask for more go first. (``sglang.bench_serving`` sets
+  ``max_new_tokens`` to each request's output length, which makes ``lof`` longest-true-output-first.)
+- ``hrrn`` (``SchedulePolicy._sort_by_hrrn``): highest response ratio next with token-based aging,
+  the largest ``(prefill tokens processed since the request queued) / (its prefill tokens)`` first.
+  SGLang counts the tokens its prefill forwards processed; the simulator counts the prefill tokens
+  its queue handed out, frozen within a scheduling round (one sort per round, as SGLang). Ties go
+  by queue entry (SGLang's go by request id, which is random). As in SGLang, more than
+  ``HRRN_FCFS_ABOVE`` waiting requests turn the order into FCFS, and SGLang needs the prefix cache
+  on for it (with ``--disable-radix-cache`` it runs FCFS).
 - ``total-tokens`` (``DPBudget.dispatch`` with ``LoadBalanceMethod.TOTAL_TOKENS``): the rank with the
   fewest tokens (KV in use plus the prompt tokens still to prefill), ties by fewer requests, then
   the lowest rank. SGLang reads the tokens from a snapshot and adds each dispatched prompt until
@@ -34,22 +46,32 @@ from specforge_outlets.scheduling import (
 )
 
 
+# SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX: above this many waiting requests, hrrn (a cache-aware
+# policy) skips its prefix matching and sort and serves FCFS.
+HRRN_FCFS_ABOVE = 128
+
+
 class PeerQueuePolicy(Enum):
     """Waiting-queue orders SGLang ships, simulated for comparison."""
 
     SHORTEST_PREFILL_FIRST = "shortest-prefill-first"
+    LONGEST_OUTPUT_FIRST = "lof"
+    HRRN = "hrrn"
 
 
-class ShortestPrefillRequestQueue(RequestQueue):
-    """Fewest tokens to prefill first (prompt + tokens to recompute), ties by queue-entry time, then insertion."""
+class StaticKeyRequestQueue(RequestQueue):
+    """A heap by a key fixed when a request is queued, ties by queue entry, then insertion."""
 
     def __init__(self) -> None:
         self._heap: List[Tuple[int, float, int, object]] = []
         self._counter = itertools.count()
 
+    def key(self, request) -> int:
+        """Smaller first."""
+        raise NotImplementedError
+
     def add_request(self, request) -> None:
-        work = request.input_len + request.num_generated_tokens
-        heapq.heappush(self._heap, (work, request.enqueue_time, next(self._counter), request))
+        heapq.heappush(self._heap, (self.key(request), request.enqueue_time, next(self._counter), request))
 
     def pop_request(self, now: float):
         return heapq.heappop(self._heap)[3]
@@ -62,6 +84,68 @@ class ShortestPrefillRequestQueue(RequestQueue):
 
     def __iter__(self) -> Iterator:
         return (entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3]))
+
+
+class ShortestPrefillRequestQueue(StaticKeyRequestQueue):
+    """Fewest tokens to prefill first (prompt + tokens to recompute)."""
+
+    def key(self, request) -> int:
+        return request.input_len + request.num_generated_tokens
+
+
+class LongestOutputRequestQueue(StaticKeyRequestQueue):
+    """Largest requested max_new_tokens first (a stable sort in SGLang: ties keep queue order)."""
+
+    def __init__(self, max_new_tokens: int) -> None:
+        super().__init__()
+        self.max_new_tokens = max_new_tokens
+
+    def key(self, request) -> int:
+        return -max(self.max_new_tokens, request.output_len)
+
+
+class HighestResponseRatioRequestQueue(RequestQueue):
+    """Largest (prefill tokens processed since queued) / (own prefill tokens) first; FCFS above HRRN_FCFS_ABOVE."""
+
+    def __init__(self) -> None:
+        self._waiting: List[Tuple[float, int, int, int, object]] = []  # (enqueue time, order, processed, work, request)
+        self._counter = itertools.count()
+        self._processed = 0  # prefill tokens handed out so far
+        self._round: Tuple[float, int] = (float("nan"), 0)  # (now, processed) of the round being admitted
+
+    def add_request(self, request) -> None:
+        work = max(1, request.input_len + request.num_generated_tokens)
+        self._waiting.append((request.enqueue_time, next(self._counter), self._processed, work, request))
+
+    def _best(self, now: float) -> int:
+        if self._round[0] != now:  # a new round: the counter as its sort sees it
+            self._round = (now, self._processed)
+        if len(self._waiting) > HRRN_FCFS_ABOVE:
+            return min(range(len(self._waiting)), key=lambda i: self._waiting[i][:2])
+        processed = self._round[1]
+        return min(range(len(self._waiting)), key=lambda i: self._key(self._waiting[i], processed))
+
+    @staticmethod
+    def _key(entry, processed: int) -> Tuple[float, float, int]:
+        entered, order, at_entry, work, _ = entry
+        return -max(0, processed - at_entry) / work, entered, order
+
+    def pop_request(self, now: float):
+        entry = self._waiting.pop(self._best(now))
+        self._processed += entry[3]
+        return entry[4]
+
+    def peek_request(self, now: float):
+        return self._waiting[self._best(now)][4]
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __iter__(self) -> Iterator:
+        processed = self._round[1]
+        if len(self._waiting) > HRRN_FCFS_ABOVE:
+            return (entry[4] for entry in sorted(self._waiting, key=lambda entry: entry[:2]))
+        return (entry[4] for entry in sorted(self._waiting, key=lambda entry: self._key(entry, processed)))
 
 
 class PeerRoutingPolicy(Enum):
@@ -104,10 +188,14 @@ def routing_policy(name: str) -> AnyRoutingPolicy:
     return _by_name(name, (RoutingPolicy, PeerRoutingPolicy), "routing")
 
 
-def create_queue(policy: AnyQueuePolicy, config: SchedulingConfig) -> RequestQueue:
-    """The simulated waiting queue of an instance."""
+def create_queue(policy: AnyQueuePolicy, config: SchedulingConfig, max_new_tokens: int) -> RequestQueue:
+    """The simulated waiting queue of an instance (``max_new_tokens``: the cluster's, for ``lof``)."""
     if policy is PeerQueuePolicy.SHORTEST_PREFILL_FIRST:
         return ShortestPrefillRequestQueue()
+    if policy is PeerQueuePolicy.LONGEST_OUTPUT_FIRST:
+        return LongestOutputRequestQueue(max_new_tokens)
+    if policy is PeerQueuePolicy.HRRN:
+        return HighestResponseRatioRequestQueue()
     return create_request_queue(policy, config)
 
 

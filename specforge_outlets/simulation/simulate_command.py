@@ -36,8 +36,9 @@ def register(subparsers) -> None:
                         choices=["round-robin", "least-requests", "least-predicted-work", "total-tokens"],
                         help="routing: the plugin's, and SGLang's total-tokens balancing for comparison")
     parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
-                        choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first"],
-                        help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first for comparison")
+                        choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"],
+                        help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first, lof and hrrn "
+                             "for comparison")
     parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file"],
                         help="predictor of the policy grid (default noisy)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
