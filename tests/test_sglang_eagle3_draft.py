@@ -320,6 +320,27 @@ def test_predictor_runs_on_the_device_of_the_target_s_embedding(sglang_cpu, tmp_
         host.states(fused, torch.zeros(TOKENS, dtype=torch.long, device="meta"))
 
 
+@pytest.mark.parametrize("bucket_edges", [None, [4, 16, 64, 256]], ids=["regression", "buckets"])
+def test_eagle3_mode_reads_the_head_where_the_draft_runs_without_waiting_for_it(sglang_cpu, tmp_path, bucket_edges):
+    """EAGLE-3 mode's step-side path on torch's meta device: the head read on the worker's states and
+    the estimates handed to the step's result stay on the draft's device (the target's), and nothing
+    in it waits for the device (a host read of a meta tensor raises). The host copy is SGLang's."""
+    from types import SimpleNamespace
+
+    from sglang_patches import speculative
+
+    model = load_with_sglang(make_export(tmp_path / "draft", bucket_edges=bucket_edges)).to("meta")
+    batch = SimpleNamespace(reqs=[object()] * 3)
+    result = SimpleNamespace(next_draft_input=SimpleNamespace(hidden_states=torch.empty(3, H, device="meta")),
+                             logits_output=SimpleNamespace(auxiliary_device_output=None))
+    speculative.attach_estimates(model, batch, result)
+    estimates = result.logits_output.auxiliary_device_output
+    assert isinstance(estimates, speculative.DraftLengthEstimates)
+    assert estimates.log_remaining.device.type == "meta" and estimates.log_remaining.shape == (3,)
+    with pytest.raises((RuntimeError, NotImplementedError)):  # what a sync would do here
+        estimates.log_remaining.tolist()
+
+
 @pytest.mark.parametrize("case", ["no-length-head", "no-gate", "gate-but-ungated-config", "no-d2t"])
 def test_malformed_export_is_refused_with_a_clear_error(sglang_cpu, tmp_path, case):
     from sglang_patches.eagle3_draft import OutletsDraftError
