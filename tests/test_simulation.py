@@ -264,6 +264,106 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
     assert engine._retraction_victim().index == 1  # all at the limit: the longest again
 
 
+# --- dynamic predictions (a predictor that re-predicts as tokens come, as EAGLE-3 mode does) ------------
+def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
+    from specforge_outlets.simulation.engine import SimRequest
+
+    request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
+    assert request.predicted_at(3) is None  # not revealed yet: the prediction point has not come
+    request.predicted_output_len = request.prediction
+    assert request.predicted_at(0) == 50.0  # no token yet: the prediction made at the prediction point
+    assert request.predicted_at(1) == 50.0 and request.predicted_at(2) == 1 + 20.0 and request.predicted_at(3) == 2 + 4.0
+    assert request.predicted_at(9) == 2 + 4.0  # past the trajectory: its last estimate
+    static = SimRequest(1, 0.0, 10, 6, 50.0, 0)
+    static.predicted_output_len = 50.0
+    assert static.predicted_at(3) == 50.0
+
+
+def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps):
+    """One request at a time per instance. A runs on 0 predicted 100 at its first token, then known to
+    end at 10; B runs on 1, 25 tokens, predicted exactly. At 5 s C goes where least predicted work is:
+    behind B with A's static 100 (first token after B ends), behind A with A's re-predictions."""
+    trace = make_trace([(0.0, 10, 10), (0.001, 10, 25), (5.0, 10, 2)])
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 2, "max_running_requests": 1,
+                                        "chunked_prefill_size": 100, "max_new_tokens": 1}, "test")
+    policy = Policy(routing_policy("least-predicted-work"), queue_policy("fcfs"))
+    exact = lambda length: np.arange(length, 0, -1, dtype=float)  # noqa: E731  L, L-1, ..., 1
+    a_trajectory = np.concatenate([[100.0], exact(10)[1:]])  # r̂_0 = 100, exact from the second token on
+    runs = {}
+    for name, trajectories in (("static", None), ("dynamic", [a_trajectory, exact(25), exact(2)])):
+        runs[name] = Simulation(trace, [100.0, 25.0, 2.0], cluster, policy, SchedulingConfig(256, 10.0),
+                                trajectories).run()
+    b_finish = runs["static"].finish_times[1]
+    assert runs["static"].first_token_times[2] > b_finish  # waited for B
+    assert runs["dynamic"].first_token_times[2] == pytest.approx(runs["dynamic"].finish_times[0] + 1.0)  # behind A
+    assert runs["dynamic"].first_token_times[2] < b_finish
+
+
+def test_retraction_reads_the_latest_estimate():
+    from specforge_outlets.simulation.engine import SimRequest
+
+    sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
+                     SchedulingConfig(), trajectories=[None] * 3)
+    engine = sim.engines[0]
+    engine.steps_done = 10
+    early_high = SimRequest(0, 0.0, 10, 1000, 900.0, 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
+    steady = SimRequest(1, 1.0, 10, 1000, 300.0, 0)
+    for request in (early_high, steady):
+        request.predicted_output_len, request.join_step = request.prediction, 0
+    engine.running = {0: early_high, 1: steady}
+    assert engine._retraction_victim().index == 1  # 300 - 11 left beats 10 + 5 - 11; statically 0 would go
+
+
+def test_kv_admission_by_prediction_follows_the_latest_estimate(unit_steps):
+    """A (20 tokens) is predicted 50 at its first token, exactly from its second on. With 100 KV tokens
+    B (not predicted before its prefill: 5 + max_new_tokens 60 reserved) does not fit beside A's static
+    reservation (10 + 1 + 49) and waits for A; once A's reservation follows its estimate (10 + 3 + 17 at
+    3 s) B is admitted at its arrival."""
+    trace = make_trace([(0.0, 10, 20), (3.0, 5, 5)])
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_running_requests": 4,
+                                        "chunked_prefill_size": 100, "max_new_tokens": 60, "kv_capacity_tokens": 100,
+                                        "kv_admission": "predicted", "kv_prediction_margin": 0.0}, "test")
+    policy = Policy(routing_policy("round-robin"), queue_policy("fcfs"))
+    a_trajectory = np.concatenate([[50.0], np.arange(20, 0, -1, dtype=float)[1:]])
+    b_trajectory = np.arange(5, 0, -1, dtype=float)
+    static, dynamic = (Simulation(trace, [50.0, 5.0], cluster, policy, SchedulingConfig(256, 10.0), trajectories).run()
+                       for trajectories in (None, [a_trajectory, b_trajectory]))
+    assert static.first_token_times[1] > static.finish_times[0]
+    assert dynamic.first_token_times[1] < dynamic.finish_times[0]
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+@pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
+def test_every_request_finishes_with_dynamic_predictions(mode, kv_admission):
+    rng = np.random.default_rng(3)
+    lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
+    trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
+    trajectories = [np.maximum(np.arange(n, 0, -1) * np.exp(rng.normal(0, 0.5, n)), 0.0) for n in trace.output_lens]
+    cluster = cluster_config_from_dict({"mode": mode, "decode_instances": 2, "instances": 2,
+                                        "max_running_requests": 32, "kv_capacity_tokens": 40_000,
+                                        "kv_admission": kv_admission}, "test")
+    policy = Policy(routing_policy("least-predicted-work"), queue_policy("sjf"))
+    result = Simulation(trace, [float(t[0]) for t in trajectories], cluster, policy, SchedulingConfig(256, 10.0),
+                        trajectories).run()
+    assert np.all(np.isfinite(result.finish_times))
+    assert np.all(result.first_token_times > result.arrival_times)
+    assert np.all(result.finish_times >= result.first_token_times)
+
+
+def test_file_dynamic_needs_a_trajectory_for_every_trace_request(tmp_path):
+    from specforge_outlets.simulation.predictors import predicted_trajectories
+
+    trace = make_trace([(0.0, 5, 3), (1.0, 5, 2)])
+    path = write(tmp_path, "p.jsonl", '{"id": "0", "predicted_output_len": 3, "trajectory": [3, 2, 1]}\n'
+                                      '{"id": "1", "predicted_output_len": 2}\n')
+    with pytest.raises(OutletsError, match="trace id '1' has no trajectory"):
+        predicted_trajectories(PredictorKind.FILE_DYNAMIC, trace, path)
+    assert predicted_trajectories(PredictorKind.FILE, trace, path) is None
+    bad = write(tmp_path, "b.jsonl", '{"id": "0", "predicted_output_len": 3, "trajectory": [3, -1]}\n')
+    with pytest.raises(OutletsError, match="line 1: trajectory must be a non-empty list"):
+        predicted_trajectories(PredictorKind.FILE_DYNAMIC, trace, bad)
+
+
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens"])
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"])

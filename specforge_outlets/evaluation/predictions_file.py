@@ -1,7 +1,9 @@
 """The per-request predictions file (``predictions/<predictor>.jsonl``): ``outlets eval`` writes it, the serving side reads it.
 
 One JSON object per request: ``id``, ``predicted_output_len`` (> 0) and, when known,
-``true_output_len``. ``outlets simulate --predictor file`` joins it to a trace by id (or, without
+``true_output_len``; optionally ``trajectory``, the predictor's dynamic estimates (entry k: the
+remaining length it predicts at output token k + 1, counting that token, as EAGLE-3 mode re-predicts),
+which ``outlets simulate --predictor file-dynamic`` replays. ``outlets simulate --predictor file`` joins it to a trace by id (or, without
 a shared id, samples its errors at the same true length); ``outlets bench-serving --predictions``
 sends each value with its request. Both read it here, so a file one accepts the other accepts.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl, write_jsonl
 from specforge_outlets.errors import OutletsError
@@ -25,13 +27,16 @@ class PredictionRow:
     id: str
     predicted_output_len: float
     true_output_len: Optional[float] = None
+    trajectory: Optional[Tuple[float, ...]] = None
 
 
 def write_predictions(path: str, rows: List[PredictionRow]) -> None:
     """Write the file atomically (temporary name, then rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_jsonl(path, [{"id": row.id, "predicted_output_len": row.predicted_output_len,
-                        "true_output_len": row.true_output_len} for row in rows])
+                        "true_output_len": row.true_output_len,
+                        **({"trajectory": list(row.trajectory)} if row.trajectory is not None else {})}
+                       for row in rows])
 
 
 def _positive(value) -> bool:
@@ -52,8 +57,14 @@ def read_predictions(path: str, flag: str = "--predictions") -> List[PredictionR
         true = next((row[field] for field in TRUE_LENGTH_FIELDS if row.get(field) is not None), None)
         if true is not None and not _positive(true):
             raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
+        trajectory = row.get("trajectory")
+        if trajectory is not None and not (isinstance(trajectory, list) and trajectory and all(
+                _positive(value) or value == 0 for value in trajectory)):
+            raise OutletsError(f"{where}: trajectory must be a non-empty list of non-negative numbers (the "
+                               "estimate at each output token)")
         rows.append(PredictionRow(str(row["id"]), float(row["predicted_output_len"]),
-                                  None if true is None else float(true)))
+                                  None if true is None else float(true),
+                                  None if trajectory is None else tuple(float(value) for value in trajectory)))
     if not rows:
         raise OutletsError(f"{flag} {path}: no predictions")
     return rows

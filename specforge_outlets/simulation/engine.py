@@ -72,16 +72,19 @@ class SimRequest:
         "index", "arrival_time", "input_len", "output_len", "prediction", "predicted_output_len",
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
         "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
+        "trajectory",
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
-                 prediction: Optional[float], reservation: int) -> None:
+                 prediction: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None) -> None:
         self.index = index
         self.arrival_time = arrival_time
         self.input_len = input_len
         self.output_len = output_len
         self.prediction = prediction  # revealed to the scheduler at the cluster's prediction point
         self.predicted_output_len: Optional[float] = None
+        # dynamic predictions: entry k is the estimate read at output token k + 1, counting that token
+        self.trajectory = trajectory
         self.num_generated_tokens = 0
         self.reservation = reservation  # KV tokens reserved at the current admission
         self.full_reservation = reservation  # prompt + max(max_new_tokens, output): can never overflow
@@ -95,6 +98,18 @@ class SimRequest:
         self.retractions = 0
         self.first_token_time = np.nan
         self.finish_time = np.nan
+
+    def predicted_at(self, generated: int) -> Optional[float]:
+        """The predicted output length the scheduler holds once ``generated`` tokens exist.
+
+        Static: the prediction revealed at the prediction point. Dynamic (a trajectory, as EAGLE-3
+        mode re-predicts after every step): the latest estimate, read at output token k, says the
+        request ends after ``k - 1 + estimate`` tokens (``sglang_patches.predictions.set_remaining_estimate``).
+        """
+        if self.trajectory is None or self.predicted_output_len is None or generated < 1:
+            return self.predicted_output_len
+        k = min(generated, len(self.trajectory))
+        return k - 1 + float(self.trajectory[k - 1])
 
 
 class PrefillInstance:
@@ -187,7 +202,7 @@ class EngineInstance:
         if not with_work:
             return RankLoad(waiting + len(self.running), 0.0)
         steps = self.steps_done + self._segment_steps_done(now)
-        running = ((r.predicted_output_len, 1 + steps - r.join_step) for r in self.running.values())
+        running = ((r.predicted_at(1 + steps - r.join_step), 1 + steps - r.join_step) for r in self.running.values())
         return rank_load(running, self.sim.scheduling.prior_output_len, RankLoad(waiting, self.pending_work))
 
     def _segment_steps_done(self, now: float) -> int:
@@ -202,7 +217,8 @@ class EngineInstance:
         self.incoming += 1
         self.incoming_tokens += request.input_len
         request.pending_work = predicted_remaining(
-            request.predicted_output_len, request.num_generated_tokens, self.sim.scheduling.prior_output_len
+            request.predicted_at(request.num_generated_tokens), request.num_generated_tokens,
+            self.sim.scheduling.prior_output_len,
         )
         self.pending_work += request.pending_work
 
@@ -217,16 +233,27 @@ class EngineInstance:
         elif not self.segment_chunk and self._can_admit_head(now):
             self._cut_segment(now)
 
-    def _reservation(self, request: SimRequest) -> int:
-        """KV tokens to reserve for a request about to be admitted."""
+    def _reservation(self, request: SimRequest, generated: Optional[int] = None) -> int:
+        """KV tokens to reserve for a request with ``generated`` tokens (default: as it is admitted)."""
         cluster = self.sim.cluster
+        generated = request.num_generated_tokens if generated is None else generated
         if (cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
                 or request.retractions):
             return request.full_reservation
-        cap = max(cluster.max_new_tokens - request.num_generated_tokens, 0)  # never above the full reservation
-        budget = predicted_output_budget(request.predicted_output_len, request.num_generated_tokens,
+        cap = max(cluster.max_new_tokens - generated, 0)  # never above the full reservation
+        budget = predicted_output_budget(request.predicted_at(generated), generated,
                                          cluster.kv_prediction_margin, cap, self.sim.scheduling)
-        return request.input_len + request.num_generated_tokens + budget
+        return request.input_len + generated + budget
+
+    def _reserved(self, now: float) -> int:
+        """KV tokens the admission sees reserved. With dynamic predictions a running request's
+        reservation follows its latest estimate (SGLang recomputes the running requests' total at
+        every admission); otherwise it is the one made at admission."""
+        if not self.sim.dynamic or self.sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS:
+            return self.kv_reserved
+        steps = self.steps_done + self._segment_steps_done(now)
+        running = sum(self._reservation(r, 1 + steps - r.join_step) for r in self.running.values())
+        return running + sum(r.reservation for r in self.prefilling)
 
     def _kv_in_use(self) -> int:
         return self.kv_tokens + self.kv_prefilling
@@ -238,7 +265,7 @@ class EngineInstance:
         # in use: the cache after one more step of the running requests (never above the
         # reservations when every request reserves its full length)
         in_use = self._kv_in_use() + len(self.running)
-        return max(self.kv_reserved, in_use) + needed <= self.capacity
+        return max(self._reserved(now), in_use) + needed <= self.capacity
 
     def _cut_segment(self, now: float) -> None:
         """End the decode segment after the step in progress, so the new request joins the batch."""
@@ -295,7 +322,8 @@ class EngineInstance:
     def _retraction_victim(self) -> SimRequest:
         config = self.sim.scheduling
         return max(self.running.values(), key=lambda r: retraction_order_key(
-            r.predicted_output_len, 1 + self.steps_done - r.join_step, r.arrival_time, r.retractions, config))
+            r.predicted_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step, r.arrival_time,
+            r.retractions, config))
 
     def _retract(self, now: float, request: SimRequest) -> None:
         generated = 1 + self.steps_done - request.join_step
@@ -307,7 +335,7 @@ class EngineInstance:
         request.retractions += 1
         request.prefill_left = request.input_len + generated  # recomputed when readmitted
         request.pending_work = predicted_remaining(
-            request.predicted_output_len, generated, self.sim.scheduling.prior_output_len
+            request.predicted_at(generated), generated, self.sim.scheduling.prior_output_len
         )
         self.pending_work += request.pending_work
         request.enqueue_time = now
@@ -391,16 +419,20 @@ class Simulation:
         cluster: ClusterConfig,
         policy: Policy,
         scheduling: SchedulingConfig,
+        trajectories: Optional[Sequence[Optional[np.ndarray]]] = None,
     ) -> None:
+        """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static."""
         check_fits(trace, cluster)
         self.cluster, self.policy, self.scheduling = cluster, policy, scheduling
+        self.dynamic = trajectories is not None
         self.model = cluster.step_time_model()
         self.router = create_peer_or_router(policy.routing)
+        trajectories = trajectories if trajectories is not None else [None] * len(trace)
         self.requests = [
             SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
-                       int(cluster.kv_reservation(input_len, output_len)))
-            for index, (arrival, input_len, output_len, prediction) in enumerate(
-                zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions)
+                       int(cluster.kv_reservation(input_len, output_len)), trajectory)
+            for index, (arrival, input_len, output_len, prediction, trajectory) in enumerate(
+                zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions, trajectories, strict=True)
             )
         ]
         self._events: List[Tuple[float, int, Callable, object]] = []

@@ -7,6 +7,9 @@ a stand-in for measured errors. ``file``: per-request predictions from a JSONL w
 file also gives the true length (``true_output_len`` or ``output_length``), errors are sampled
 from the file's empirical distribution of ``log(predicted / true)`` within the trace request's
 true-length bucket (equal-count buckets), so that a trace with only lengths gets realistic errors.
+``file-dynamic``: the same file's ``trajectory`` per request (joined by id, every trace id needed):
+the scheduler's prediction follows the predictor's latest estimate as tokens are generated, as in
+the plugin's EAGLE-3 mode; its value at the prediction point is ``predicted_output_len``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class PredictorKind(Enum):
     ORACLE = "oracle"
     NOISY = "noisy"
     FILE = "file"
+    FILE_DYNAMIC = "file-dynamic"
 
 
 def predict_lengths(
@@ -56,8 +60,24 @@ def predict_lengths(
             raise OutletsError(f"--noise-sigma must be a non-negative number, got {noise_sigma}")
         return (true * np.exp(rng.normal(0.0, noise_sigma, size=len(trace)))).tolist()
     if predictions_path is None:
-        raise OutletsError("--predictor file needs --predictions FILE (JSONL with id, predicted_output_len)")
+        raise OutletsError(f"--predictor {kind.value} needs --predictions FILE (JSONL with id, predicted_output_len)")
     return _from_file(predictions_path, trace, rng)
+
+
+def predicted_trajectories(kind: PredictorKind, trace: Trace, predictions_path: Optional[str]) -> Optional[List[np.ndarray]]:
+    """Per trace request its dynamic estimates (``file-dynamic``); None for the static predictors."""
+    if kind is not PredictorKind.FILE_DYNAMIC:
+        return None
+    if predictions_path is None:
+        raise OutletsError("--predictor file-dynamic needs --predictions FILE with a trajectory per request")
+    by_id = {row.id: row.trajectory for row in read_predictions(predictions_path)}
+    for request_id in trace.ids:
+        if by_id.get(request_id) is None:
+            raise OutletsError(
+                f"--predictions {predictions_path}: trace id {request_id!r} has no trajectory; file-dynamic "
+                "replays each request's own estimates, so every trace id needs one (join on the same ids)"
+            )
+    return [np.asarray(by_id[request_id], dtype=np.float64) for request_id in trace.ids]
 
 
 def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:

@@ -39,8 +39,9 @@ def register(subparsers) -> None:
                         choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"],
                         help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first, lof and hrrn "
                              "for comparison")
-    parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file"],
-                        help="predictor of the policy grid (default noisy)")
+    parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file", "file-dynamic"],
+                        help="predictor of the policy grid (default noisy; file-dynamic: the --predictions file's "
+                             "per-token trajectories, re-predicted as tokens are generated)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
     parser.add_argument("--predictions", help="JSONL of id, predicted_output_len[, true_output_len] for --predictor file")
     parser.add_argument("--no-controlled-study", action="store_true",
@@ -69,6 +70,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from specforge_outlets.errors import OutletsError
+    from specforge_outlets.evaluation.predictions_file import read_predictions
     from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
@@ -100,6 +102,9 @@ def run(args) -> int:
     study_predictors = [] if args.no_controlled_study else [PredictorKind.NONE, PredictorKind.NOISY, PredictorKind.ORACLE]
     if args.predictions and not args.no_controlled_study:
         study_predictors.insert(2, PredictorKind.FILE)
+        with_trajectory = {row.id for row in read_predictions(args.predictions) if row.trajectory is not None}
+        if all(request_id in with_trajectory for request_id in trace.ids):  # re-prediction against its static r̂_0
+            study_predictors.insert(3, PredictorKind.FILE_DYNAMIC)
     plan = StudyPlan(
         rate_scales=args.rate_scale,
         policies=policy_grid([routing_policy(r) for r in args.routing], [queue_policy(q) for q in args.queue]),

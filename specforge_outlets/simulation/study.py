@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig
 from specforge_outlets.simulation.engine import Policy, Simulation
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths, predicted_trajectories
 from specforge_outlets.serving.metrics import DEFAULT_SHORT_THRESHOLD, summarize_requests
 from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation.engine import SimulationResult
@@ -67,16 +67,17 @@ def run_study(
     runs = [(POLICY_STUDY, policy, plan.predictor) for policy in plan.policies]
     sjf = Policy(plan.study_routing, QueuePolicy.SJF)
     runs += [(PREDICTOR_STUDY, sjf, predictor) for predictor in plan.study_predictors]
-    predictions = {
-        kind: predict_lengths(kind, trace, plan.seed, plan.noise_sigma, plan.predictions_path)
-        for kind in {predictor for _, _, predictor in runs}
-    }
+    kinds = {predictor for _, _, predictor in runs}
+    predictions = {kind: predict_lengths(kind, trace, plan.seed, plan.noise_sigma, plan.predictions_path)
+                   for kind in kinds}
+    trajectories = {kind: predicted_trajectories(kind, trace, plan.predictions_path) for kind in kinds}
     rows = []
     for rate_scale in plan.rate_scales:
         scaled = trace.scaled(rate_scale)
         for study, policy, predictor in runs:
             started = time.perf_counter()
-            result = Simulation(scaled, predictions[predictor], cluster, policy, scheduling).run()
+            result = Simulation(scaled, predictions[predictor], cluster, policy, scheduling,
+                                trajectories[predictor]).run()
             wall_s = time.perf_counter() - started
             metrics = summarize(result, plan.short_threshold, plan.slo)
             rows.append({
@@ -91,7 +92,7 @@ def run_study(
                 "metrics": metrics,
             })
             progress(
-                f"x{rate_scale:g} {study:10s} {policy.label:30s} {predictor.value:6s} "
+                f"x{rate_scale:g} {study:10s} {policy.label:30s} {predictor.value:12s} "
                 f"thr {metrics['all']['throughput_tok_s']:8.0f} tok/s  short P99 {metrics['short']['e2e_p99_s']:7.2f} s  "
                 f"({wall_s:.1f} s)"
             )
