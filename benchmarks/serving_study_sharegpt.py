@@ -22,7 +22,11 @@ Stages, each resumable (its output is kept and skipped):
    (static, what the method deploys), OUTLETS r̂ₜ (its estimate re-read after every token, as the
    plugin's EAGLE-3 mode does), the best dynamic predictor (``probe-mid``, a probe on the target's
    hidden states) and the oracle. Writes ``result.json`` and ``report.md`` under ``--output``.
-3. ``plot``: ``docs/figures/serving-study-sharegpt.png``.
+3. ``breakdown``: where the queue forms. Four GPUs split 1P+3D, 2P+2D and 3P+1D (full reservation,
+   the GPU's cache), SGLang's round robin + FCFS and least-predicted-work + SJF with OUTLETS r̂₀: the
+   mean and P99 wait for a prefill instance, in the KV transfer and for a decode slot, per rate.
+   Writes ``breakdown.json``.
+4. ``report``: ``report.md``; ``plot``: ``docs/figures/serving-study-sharegpt.png``.
 
     .venv/bin/python benchmarks/serving_study_sharegpt.py
 """
@@ -37,7 +41,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
@@ -185,14 +189,80 @@ def simulate(args) -> None:
               "requests": args.requests, "rates_rps": args.rates, "kv_capacity_tokens": args.kv_capacity,
               "max_new_tokens": MAX_NEW_TOKENS, "short_threshold": args.short_threshold, "seed": args.seed,
               "scheduling": dataclasses.asdict(scheduling), "rows": rows}
-    os.makedirs(args.output, exist_ok=True)
+    write_json(path, result)
+
+
+def write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as handle:
-        json.dump(result, handle, indent=1)
+        json.dump(value, handle, indent=1)
     os.replace(path + ".tmp", path)
-    write_report(result, os.path.join(args.output, "report.md"))
 
 
-def write_report(result: dict, path: str) -> None:
+# -- 3. where the queue forms -----------------------------------------------------------------------
+
+SPLITS = (1, 2, 3)  # prefill instances of four GPUs; the rest decode
+BREAKDOWN_RUNS = [("round-robin + fcfs", "round-robin", "fcfs", "none"),
+                  ("least-predicted-work + sjf | outlets r0", "least-predicted-work", "sjf", "outlets r0")]
+WAITS = ("prefill_queue", "transfer", "decode_queue")
+
+
+def breakdown(args) -> None:
+    path = os.path.join(args.output, "breakdown.json")
+    if os.path.exists(path):
+        print(f"skip (exists): {path}")
+        return
+    work = Workload()
+    base = cluster_for("1P+3D", KVAdmission.MAX_NEW_TOKENS, args.kv_capacity)
+    rows = []
+    for prefill in SPLITS:
+        cluster = dataclasses.replace(base, prefill_instances=prefill, decode_instances=4 - prefill)
+        for rate in args.breakdown_rates:
+            trace, drawn = work.trace(rate, args.requests, args.seed)
+            for label, routing, queue, predictor in BREAKDOWN_RUNS:
+                predictions, trajectories = work.predictions(predictor, drawn)
+                result = Simulation(trace, predictions, cluster, Policy(routing_policy(routing), queue_policy(queue)),
+                                    SchedulingConfig(), trajectories).run()
+                metrics = summarize(result, args.short_threshold)
+                rows.append({"split": f"{prefill}P+{4 - prefill}D", "rate_rps": rate, "run": label, "metrics": metrics})
+                waits = "  ".join(f"{name} {metrics['all'][name + '_mean_s']:6.2f}/{metrics['all'][name + '_p99_s']:6.2f}"
+                                  for name in WAITS)
+                print(f"{prefill}P+{4 - prefill}D {rate:5g} rps {label:42s} {waits}  short P99 "
+                      f"{metrics['short']['e2e_p99_s']:7.2f}", flush=True)
+    write_json(path, {"requests": args.requests, "rates_rps": args.breakdown_rates, "rows": rows})
+
+
+# -- 4. report and plot -----------------------------------------------------------------------------
+
+
+def report(args) -> None:
+    with open(os.path.join(args.output, "result.json")) as handle:
+        result = json.load(handle)
+    lines = study_tables(result)
+    path = os.path.join(args.output, "breakdown.json")
+    if os.path.exists(path):
+        with open(path) as handle:
+            lines += breakdown_table(json.load(handle))
+    with open(os.path.join(args.output, "report.md"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    print(f"wrote {os.path.join(args.output, 'report.md')}")
+
+
+def breakdown_table(result: dict) -> List[str]:
+    lines = ["## Where the queue forms (four GPUs, full reservation)", "",
+             "Mean / P99 seconds per request: waiting for a prefill instance, in the KV transfer, waiting for "
+             "a decode slot; and short requests' P99 end-to-end latency.", "",
+             "| split | requests/s | run | prefill queue | transfer | decode queue | short P99 e2e |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        m = row["metrics"]["all"]
+        waits = " | ".join(f"{m[name + '_mean_s']:.2f} / {m[name + '_p99_s']:.2f}" for name in WAITS)
+        lines.append(f"| {row['split']} | {row['rate_rps']:g} | {row['run']} | {waits} | "
+                     f"{row['metrics']['short']['e2e_p99_s']:.2f} |")
+    return lines + [""]
+
+
+def study_tables(result: dict) -> List[str]:
     lines = ["# Serving study: ShareGPT x SmolLM2 with learned predictions", "", f"`{result['command']}`", "",
              f"{result['requests']} requests per run resampled from the label set's 595 test requests, Poisson "
              f"arrivals; max_new_tokens {result['max_new_tokens']}; KV tokens per instance: "
@@ -212,12 +282,8 @@ def write_report(result: dict, path: str) -> None:
                              f"{m['long']['e2e_p99_s']:.2f} | {m['all']['e2e_p99_s']:.2f} | {m['all']['ttft_p99_s']:.2f} | "
                              f"{m['all']['throughput_tok_s']:.0f} | {row['retractions']} |")
             lines.append("")
-    with open(path, "w") as handle:
-        handle.write("\n".join(lines))
-    print(f"wrote {path}")
+    return lines
 
-
-# -- 3. plot ----------------------------------------------------------------------------------------
 
 
 def plot(args) -> None:
@@ -257,7 +323,7 @@ def plot(args) -> None:
     print(f"wrote {FIGURE}")
 
 
-STAGES = {"workload": workload, "simulate": simulate, "plot": plot}
+STAGES = {"workload": workload, "simulate": simulate, "breakdown": breakdown, "report": report, "plot": plot}
 
 
 def main() -> None:
@@ -266,6 +332,7 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES))
     parser.add_argument("--rates", type=float, nargs="+", default=[10.0, 20.0, 30.0, 40.0, 60.0, 80.0])
     parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--breakdown-rates", type=float, nargs="+", default=[20.0, 40.0, 60.0, 80.0])
     parser.add_argument("--kv-capacity", type=int, default=100_000, help="KV tokens per instance")
     parser.add_argument("--short-threshold", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)

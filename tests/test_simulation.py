@@ -78,6 +78,21 @@ def test_fcfs_timeline_on_one_decode_slot(unit_steps):
     assert result.finish_times.tolist() == pytest.approx([11.0, 16.0, 17.0])
     assert result.first_token_times.tolist() == pytest.approx([1.0, 2.0, 2.0])
     assert result.queue_delays.tolist() == pytest.approx([0.0, 0.9 + 9.0, 0.8 + 14.0])
+    # where they waited: for the prefill instance (A's batch, 0-1 s), then for the one decode slot
+    assert result.prefill_queue_delays.tolist() == pytest.approx([0.0, 0.9, 0.8])
+    assert result.decode_queue_delays.tolist() == pytest.approx([0.0, 9.0, 14.0])
+    assert result.transfer_times.tolist() == pytest.approx([0.0] * 3)  # pd_cluster: no transfer latency
+    metrics = summarize(result)["all"]
+    assert metrics["decode_queue_mean_s"] == pytest.approx(23.0 / 3) and metrics["prefill_queue_p50_s"] == 0.8
+
+
+def test_colocated_waits_before_the_first_prefill_are_the_prefill_queue(unit_steps):
+    """One request at a time: B waits for A's 5 tokens before its prompt is ever prefilled."""
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_running_requests": 1,
+                                        "chunked_prefill_size": 100, "max_new_tokens": 1}, "test")
+    result = simulate(make_trace([(0.0, 10, 5), (0.5, 10, 2)]), cluster)
+    assert result.prefill_queue_delays[1] > 0 and result.decode_queue_delays.tolist() == [0.0, 0.0]
+    assert result.prefill_queue_delays[1] == pytest.approx(result.queue_delays[1])
 
 
 def test_sjf_timeline_on_one_decode_slot(unit_steps):

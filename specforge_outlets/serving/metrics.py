@@ -62,6 +62,7 @@ def summarize_requests(
     *,
     class_lens: Optional[np.ndarray] = None,
     queue_delays: Optional[np.ndarray] = None,
+    waits: Optional[Dict[str, np.ndarray]] = None,
     success: Optional[np.ndarray] = None,
     short_threshold: int = DEFAULT_SHORT_THRESHOLD,
     slo: Optional[Dict[str, float]] = None,
@@ -72,7 +73,9 @@ def summarize_requests(
     ``first_token_times`` is NaN for a request that never produced a token. ``output_lens`` counts
     generated tokens (only successful requests add to throughput). ``class_lens`` decides short or
     long (default ``output_lens``; the benchmark passes the expected length for failed requests).
-    ``success`` defaults to all true; ``queue_delays`` to unknown (no ``queue_*`` keys). ``slo``
+    ``success`` defaults to all true; ``queue_delays`` to unknown (no ``queue_*`` keys). ``waits``
+    (name -> seconds per request, e.g. the simulator's prefill queue, KV transfer and decode queue)
+    adds ``<name>_p50_s``, ``_p99_s`` and ``_mean_s`` each. ``slo``
     (seconds per metric of :data:`SLO_METRICS`) adds ``slo_attainment`` (share of requests that
     succeeded within every target; a one-token output meets any TPOT target) and ``goodput_rps``
     (those requests per second of makespan).
@@ -96,6 +99,8 @@ def summarize_requests(
     latencies = {"e2e": e2e, "ttft": ttft, "tpot": tpot}
     if queue_delays is not None:
         latencies["queue"] = np.asarray(queue_delays, dtype=np.float64)
+    for name, values in (waits or {}).items():
+        latencies[name] = np.asarray(values, dtype=np.float64)
 
     short = lengths < short_threshold
     masks = {"all": np.ones(count, dtype=bool), "short": short, "long": ~short}

@@ -63,6 +63,12 @@ class SimulationResult:
     queue_delays: np.ndarray
     output_lens: np.ndarray
     retractions: np.ndarray  # times each request was retracted (KV cache full)
+    # where the waiting happened (s): before the prompt's first prefill (the prefill instance's queue,
+    # or a colocated instance's before first admission), the KV transfer of PD, and waiting to decode
+    # (a decode instance's queue, and every wait after a retraction); they sum to queue_delays + transfer
+    prefill_queue_delays: np.ndarray
+    transfer_times: np.ndarray
+    decode_queue_delays: np.ndarray
 
 
 class SimRequest:
@@ -72,7 +78,7 @@ class SimRequest:
         "index", "arrival_time", "input_len", "output_len", "prediction", "predicted_output_len",
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
         "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
-        "trajectory",
+        "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay",
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
@@ -85,6 +91,9 @@ class SimRequest:
         self.predicted_output_len: Optional[float] = None
         # dynamic predictions: entry k is the estimate read at output token k + 1, counting that token
         self.trajectory = trajectory
+        self.prefill_queue_delay = 0.0
+        self.transfer_time = 0.0
+        self.decode_queue_delay = 0.0
         self.num_generated_tokens = 0
         self.reservation = reservation  # KV tokens reserved at the current admission
         self.full_reservation = reservation  # prompt + max(max_new_tokens, output): can never overflow
@@ -135,6 +144,7 @@ class PrefillInstance:
         while self.queue and (not self.batch or tokens + self.queue.peek_request(now).input_len <= budget):
             request = self.queue.pop_request(now)
             request.queue_delay += now - request.enqueue_time
+            request.prefill_queue_delay += now - request.enqueue_time
             tokens += request.input_len
             self.batch.append(request)
         self.sim.schedule(now + self.sim.model.step_time(0, tokens), self._finish_batch, None)
@@ -278,6 +288,10 @@ class EngineInstance:
         while self._can_admit_head(now):
             request = self.queue.pop_request(now)
             request.queue_delay += now - request.enqueue_time
+            if self.chunked_prefill_size and not request.retractions:  # colocated, before its first prefill
+                request.prefill_queue_delay += now - request.enqueue_time
+            else:
+                request.decode_queue_delay += now - request.enqueue_time
             request.reservation = self._reservation(request)
             self.kv_reserved += request.reservation
             if self.chunked_prefill_size or request.retractions:
@@ -467,6 +481,9 @@ class Simulation:
             np.array([r.queue_delay for r in requests]),
             np.array([r.output_len for r in requests]),
             np.array([r.retractions for r in requests]),
+            np.array([r.prefill_queue_delay for r in requests]),
+            np.array([r.transfer_time for r in requests]),
+            np.array([r.decode_queue_delay for r in requests]),
         )
 
     # --- request life cycle ---------------------------------------------------------------------
@@ -496,6 +513,7 @@ class Simulation:
         transfer_s = self.cluster.kv_transfer_latency_s + (
             request.input_len * self.model.kv_bytes_per_token / self.cluster.kv_transfer_bandwidth
         )
+        request.transfer_time = transfer_s
         self.first_token(now + transfer_s, request)
         if request.output_len == 1:
             self.finish(now + transfer_s, request)

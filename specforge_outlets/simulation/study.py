@@ -26,6 +26,8 @@ def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THR
         finish_times=result.finish_times,
         output_lens=result.output_lens,
         queue_delays=result.queue_delays,
+        waits={"prefill_queue": result.prefill_queue_delays, "transfer": result.transfer_times,
+               "decode_queue": result.decode_queue_delays},
         short_threshold=short_threshold,
         slo=slo,
     )
