@@ -83,7 +83,7 @@ def test_every_hook_is_applied(plugins_loaded):
     from sglang_patches import registry
 
     exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
-    assert len(exported) == len(set(exported)) == 18
+    assert len(exported) == len(set(exported)) == 19
     assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -572,6 +572,35 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
     state.reset_settings()
     with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN"):
         read_settings()
+
+
+def test_kv_admission_by_prediction_charges_a_request_being_admitted_its_predicted_remaining(plugins_loaded,
+                                                                                             monkeypatch):
+    """While SGLang's add_one_req runs, the request asks for its predicted budget; after it, its own max_new_tokens."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    seen = []
+
+    def original(adder, req, has_chunked_req, truncation_align_size):
+        seen.append(req.sampling_params.max_new_tokens)
+        return "added"
+
+    def waiting(predicted, generated=0, max_new=1000, ignore_eos=False):
+        req = request("w", predicted, generated=generated)
+        req.sampling_params = SimpleNamespace(max_new_tokens=max_new, ignore_eos=ignore_eos, custom_params=None)
+        return req
+
+    assert PrefillAdder.add_one_req.__wrapped__ is not None  # the hook is on SGLang's method
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
+    state.reset_settings()
+    for req, asked in ((waiting(40), 60), (waiting(300, generated=100), 100 + 300),  # retracted: 200 left x 1.5
+                       (waiting(5000), 1000), (waiting(None), 1000), (waiting(40, ignore_eos=True), 1000)):
+        assert kv_admission.add_one_req_around(original, None, req, False, None) == "added"
+        assert seen.pop() == asked and req.sampling_params.max_new_tokens in (1000,)
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
+    kv_admission.add_one_req_around(original, None, waiting(40), False, None)
+    assert seen.pop() == 1000  # stock
 
 
 def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):

@@ -134,3 +134,39 @@ class TestStock:
         if "outlets" not in GREEDY_TOKENS:
             pytest.skip("run with TestOutletsPolicy")
         assert tokens == GREEDY_TOKENS["outlets"]
+
+
+class TestKVAdmissionOfNewRequests:
+    """KV admission by prediction for requests being admitted (``--outlets-kv-margin``), against stock.
+
+    A 700-token KV cache and four requests that may generate up to 400 tokens each, predicted to
+    need 5, sent in one batch; each stops at its second token (``stop_token_ids``: the tiny target
+    never ends a turn by itself). Stock SGLang charges a request it admits its whole max_new_tokens,
+    so at most two are in the cache at once; charged their prediction, all four are admitted
+    together (and, the prediction being right, nothing is retracted)."""
+
+    ARGS = ["--max-total-tokens", "700", "--max-running-requests", "8", "--disable-radix-cache"]
+
+    def largest_prefill_batch(self, target, log_dir, args):
+        server = start_server(target, log_dir, self.ARGS + args)
+        try:
+            texts = [f"{PROMPT} {index}" for index in range(4)]
+            stops = [server.generate(text, max_new_tokens=2)["output_ids"][1] for text in texts]
+            before = len(server.log_text())
+            params = [{"max_new_tokens": 400, "temperature": 0, "stop_token_ids": [stop],
+                       "custom_params": {"outlets_predicted_output_len": 5}} for stop in stops]
+            responses = server.post("/generate", {"text": texts, "sampling_params": params})  # one batch: together
+            log = server.log_text()[before:]
+        finally:
+            server.stop()
+        assert all(r["meta_info"]["completion_tokens"] <= 2 for r in responses)
+        assert all(r["meta_info"]["num_retractions"] == 0 for r in responses)
+        return max(int(n) + int(running) for n, running in
+                   re.findall(r"Prefill batch, #new-seq: (\d+),.*?#running-req: (\d+)", log))
+
+    def test_a_request_being_admitted_is_charged_its_prediction(self, chat_target, tmp_path_factory):
+        stock = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-stock")),
+                                           ["--schedule-policy", "fcfs"])
+        predicted = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-outlets")),
+                                               ["--schedule-policy", "outlets", "--outlets-kv-margin", "0.2"])
+        assert stock <= 2 < predicted == 4, (stock, predicted)
