@@ -16,9 +16,10 @@ _TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 def _latest(meta_info: dict, key: str) -> None:
     values = meta_info.get(key)
     if isinstance(values, list):
-        known = [value for value in values if value is not None]
-        if known:
-            meta_info[key] = known[-1]
+        # from the end: SGLang accumulates one entry per output token over a streamed request
+        latest = next((value for value in reversed(values) if value is not None), None)
+        if latest is not None:
+            meta_info[key] = latest
         else:  # a request without a prediction (the prior was used): no key, as stock
             meta_info.pop(key, None)
 

@@ -120,7 +120,41 @@ def _report(req, key: str, value, at_output: int = 0) -> None:
         except AttributeError:
             return
     # only the latest value is kept (earlier ones were streamed with their tokens already)
-    info[key] = [None] * at_output + [value if isinstance(value, int) else round(float(value), 3)]
+    info[key] = TokenAlignedValue(at_output, value if isinstance(value, int) else round(float(value), 3))
+
+
+class TokenAlignedValue:
+    """A per-token list that holds one value, at output token ``index``, without materialising the rest.
+
+    SGLang reads a ``customized_info`` entry by slicing it with output-token offsets; a real list
+    would cost one entry per output token every time an estimate is made. A slice is built only for
+    the tokens it covers (the tokens of one streamed chunk, or all of them once at the end)."""
+
+    __slots__ = ("index", "value")
+
+    def __init__(self, index: int, value) -> None:
+        self.index, self.value = index, value
+
+    def __len__(self) -> int:
+        return self.index + 1
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            start, stop, step = item.indices(len(self))
+            return [self.value if position == self.index else None for position in range(start, stop, step)]
+        position = item + len(self) if item < 0 else item
+        if not 0 <= position < len(self):
+            raise IndexError(item)
+        return self.value if position == self.index else None
+
+    def __iter__(self):
+        return iter(self[:])
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"TokenAlignedValue({self.index}, {self.value!r})"
 
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:

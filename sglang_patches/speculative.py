@@ -86,6 +86,8 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
     draft = getattr(self, ATTR_DRAFT, None)
     if draft is None or batch is None or batch.forward_mode.is_idle():
         return result
+    if not batch.forward_mode.is_extend() and getattr(self, "speculative_num_steps", 1) == 0:
+        return result  # drafting is off at this batch size: the draft states may be stubs; keep the last estimates
     try:
         attach_estimates(draft, batch, result)
     except Exception as error:  # never let the length head break the step

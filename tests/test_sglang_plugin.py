@@ -432,7 +432,7 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
 
     fresh, running = decoding("fresh", 0), decoding("running", 5, predicted=70.0)
     worker = SimpleNamespace(outlets_length_draft=Broken())
-    batch = SimpleNamespace(reqs=[fresh, running], forward_mode=SimpleNamespace(is_idle=lambda: False))
+    batch = SimpleNamespace(reqs=[fresh, running], forward_mode=SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False))
     import torch
 
     result = SimpleNamespace(next_draft_input=SimpleNamespace(hidden_states=torch.zeros(2, 4)),
@@ -441,6 +441,19 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
     assert P.prediction(fresh) == state.settings().scheduling.prior_output_len
     assert P.prediction(running) == 70.0
     assert result.logits_output.auxiliary_device_output is None
+    worker.speculative_num_steps = 0  # drafting off at this batch size: the states may be stubs, nothing is read
+    before = P.FALLBACKS.count
+    assert speculative.forward_batch_generation_around(lambda self, b: result, worker, batch) is result
+    assert P.FALLBACKS.count == before
+
+
+def test_a_token_aligned_value_slices_like_the_per_token_list_it_stands_for():
+    value = P.TokenAlignedValue(3, 7.5)
+    as_list = [None, None, None, 7.5]
+    assert len(value) == 4 and value == as_list and list(value) == as_list
+    for start, stop in ((0, 4), (2, 4), (4, 9), (1, 2), (0, 100)):
+        assert value[start:stop] == as_list[start:stop]
+    assert value[3] == value[-1] == 7.5 and value[0] is None
 
 
 def test_eagle3_mode_is_asked_for_with_an_outlets_policy_and_an_outlets_export(tmp_path):

@@ -464,6 +464,31 @@ def test_sglang_lof_serves_the_largest_max_new_tokens_first_and_ties_fcfs(unit_s
     assert capped.first_token_times.tolist() == fcfs.first_token_times.tolist()
 
 
+@pytest.mark.parametrize("queue", ["lof", "hrrn", "shortest-prefill-first"])
+def test_sglangs_orders_leave_a_disaggregated_decode_queue_fcfs(unit_steps, queue):
+    """SGLang sorts a PD decode instance's waiting queue only for the plugin's order: C (6 tokens,
+    lof would serve it first) waits behind B on the one decode slot, as under FCFS."""
+    trace = make_trace([(0.0, 50, 11), (0.1, 50, 2), (1.5, 50, 6)])  # prefilled one by one, in arrival order
+    cluster = pd_cluster(max_running_requests=1, max_prefill_tokens=50)
+    assert simulate(trace, cluster, queue=queue).finish_times.tolist() == \
+        simulate(trace, cluster, queue="fcfs").finish_times.tolist()
+
+
+def test_a_retracted_request_waits_with_its_latest_estimate():
+    from specforge_outlets.simulation.engine import SimRequest
+
+    sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.SJF),
+                     SchedulingConfig(), trajectories=[None] * 3)
+    engine = sim.engines[0]
+    engine.steps_done = 10
+    request = SimRequest(0, 0.0, 10, 100, 900.0, 0, trajectory=np.full(100, 7.0))
+    request.predicted_output_len, request.join_step, request.reservation = 900.0, 0, 0
+    engine.running, engine.kv_tokens = {0: request}, 21
+    engine._retract(0.0, request)
+    assert request.predicted_output_len == 10 + 7.0  # 11 generated: the estimate at token 11, not r̂_0
+    assert engine.queue.peek_request(0.0) is request
+
+
 def test_sglang_hrrn_serves_the_highest_ratio_of_prefill_waited_to_own_prefill(unit_steps):
     """SGLang's hrrn: the prefill tokens processed since a request queued, over its own prompt.
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import (
+    QueuePolicy,
     RankLoad,
     SchedulingConfig,
     least_requests_rank,
@@ -34,7 +35,13 @@ from specforge_outlets.scheduling import (
     retraction_order_key,
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
-from specforge_outlets.simulation.sglang_peers import AnyQueuePolicy, AnyRoutingPolicy, create_peer_or_router, create_queue
+from specforge_outlets.simulation.sglang_peers import (
+    AnyQueuePolicy,
+    AnyRoutingPolicy,
+    PeerQueuePolicy,
+    create_peer_or_router,
+    create_queue,
+)
 from specforge_outlets.serving.trace import Trace
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
@@ -112,10 +119,11 @@ class SimRequest:
         """The predicted output length the scheduler holds once ``generated`` tokens exist.
 
         Static: the prediction revealed at the prediction point. Dynamic (a trajectory, as EAGLE-3
-        mode re-predicts after every step): the latest estimate, read at output token k, says the
-        request ends after ``k - 1 + estimate`` tokens (``sglang_patches.predictions.set_remaining_estimate``).
+        mode re-predicts after every step): from the second token on, the latest estimate, read at
+        output token k, says the request ends after ``k - 1 + estimate`` tokens
+        (``sglang_patches.predictions.set_remaining_estimate``); at the first it is the prediction.
         """
-        if self.trajectory is None or self.predicted_output_len is None or generated < 1:
+        if self.trajectory is None or self.predicted_output_len is None or generated < 2:
             return self.predicted_output_len
         k = min(generated, len(self.trajectory))
         return k - 1 + float(self.trajectory[k - 1])
@@ -180,7 +188,12 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
-        self.queue = create_queue(sim.policy.queue, sim.scheduling, sim.cluster.max_new_tokens)
+        # SGLang's disaggregated decode instances sort their waiting queue only for the plugin's order
+        # (its prebuilt-batch hook); SGLang's own orders leave it FCFS there
+        queue = sim.policy.queue
+        if not chunked_prefill_size and isinstance(queue, PeerQueuePolicy):
+            queue = QueuePolicy.FCFS
+        self.queue = create_queue(queue, sim.scheduling, sim.cluster.max_new_tokens)
         self.running: Dict[int, SimRequest] = {}
         self.finish_heap: List[Tuple[int, int, SimRequest]] = []  # (finish step, index, request)
         self.prefilling: Deque[SimRequest] = deque()
@@ -346,6 +359,7 @@ class EngineInstance:
         self.kv_tokens -= request.input_len + generated
         self.kv_reserved -= request.reservation
         request.num_generated_tokens = generated
+        request.predicted_output_len = request.predicted_at(generated)  # the waiting queue orders by the latest
         request.retractions += 1
         request.prefill_left = request.input_len + generated  # recomputed when readmitted
         request.pending_work = predicted_remaining(

@@ -14,12 +14,17 @@ these reproduce SGLang 0.5.23's sort and dispatch keys.
   served FCFS; only those that ask for more go first. (``sglang.bench_serving`` sets
   ``max_new_tokens`` to each request's output length, which makes ``lof`` longest-true-output-first.)
 - ``hrrn`` (``SchedulePolicy._sort_by_hrrn``): highest response ratio next with token-based aging,
-  the largest ``(prefill tokens processed since the request queued) / (its prefill tokens)`` first.
+  the largest ``(prefill tokens processed since the request queued) / (its prompt tokens)`` first
+  (SGLang's ``_uncached_len``: the prompt, less a cached prefix, which the simulator does not have).
   SGLang counts the tokens its prefill forwards processed; the simulator counts the prefill tokens
   its queue handed out, frozen within a scheduling round (one sort per round, as SGLang). Ties go
-  by queue entry (SGLang's go by request id, which is random). As in SGLang, more than
-  ``HRRN_FCFS_ABOVE`` waiting requests turn the order into FCFS, and SGLang needs the prefix cache
-  on for it (with ``--disable-radix-cache`` it runs FCFS).
+  by queue entry (SGLang's go by request id, which is random). More than ``HRRN_FCFS_ABOVE``
+  waiting requests make SGLang skip the sort (new requests join the end of the last sorted order);
+  the simulator serves FCFS then. SGLang needs the prefix cache on for it (with
+  ``--disable-radix-cache`` it runs FCFS).
+
+SGLang's disaggregated decode instances do not sort their waiting queue by these orders, so the
+simulator applies them to prefill instances and colocated instances only (decode instances: FCFS).
 - ``total-tokens`` (``DPBudget.dispatch`` with ``LoadBalanceMethod.TOTAL_TOKENS``): the rank with the
   fewest tokens (KV in use plus the prompt tokens still to prefill), ties by fewer requests, then
   the lowest rank. SGLang reads the tokens from a snapshot and adds each dispatched prompt until
@@ -108,14 +113,14 @@ class HighestResponseRatioRequestQueue(RequestQueue):
     """Largest (prefill tokens processed since queued) / (own prefill tokens) first; FCFS above HRRN_FCFS_ABOVE."""
 
     def __init__(self) -> None:
-        self._waiting: List[Tuple[float, int, int, int, object]] = []  # (enqueue time, order, processed, work, request)
+        self._waiting: List[Tuple[float, int, int, int, object]] = []  # (enqueue time, order, processed, prompt, request)
         self._counter = itertools.count()
         self._processed = 0  # prefill tokens handed out so far
         self._round: Tuple[float, int] = (float("nan"), 0)  # (now, processed) of the round being admitted
 
     def add_request(self, request) -> None:
-        work = max(1, request.input_len + request.num_generated_tokens)
-        self._waiting.append((request.enqueue_time, next(self._counter), self._processed, work, request))
+        self._waiting.append((request.enqueue_time, next(self._counter), self._processed, max(1, request.input_len),
+                              request))
 
     def _best(self, now: float) -> int:
         if self._round[0] != now:  # a new round: the counter as its sort sees it
@@ -127,13 +132,13 @@ class HighestResponseRatioRequestQueue(RequestQueue):
 
     @staticmethod
     def _key(entry, processed: int) -> Tuple[float, float, int]:
-        entered, order, at_entry, work, _ = entry
-        return -max(0, processed - at_entry) / work, entered, order
+        entered, order, at_entry, prompt, _ = entry
+        return -max(0, processed - at_entry) / prompt, entered, order
 
     def pop_request(self, now: float):
-        entry = self._waiting.pop(self._best(now))
-        self._processed += entry[3]
-        return entry[4]
+        request = self._waiting.pop(self._best(now))[4]
+        self._processed += request.input_len + request.num_generated_tokens  # what its prefill processes
+        return request
 
     def peek_request(self, now: float):
         return self._waiting[self._best(now)][4]
