@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny randomly initialised Llama target and OUTLETS features captured from it.
+"""Shared fixtures: a tiny randomly initialised Llama target and OUTLETS features captured from it;
+for the SGLang tests, a tiny chat target and an `outlets export` for it.
 
 Nothing here touches the network: the target is built from a config and saved locally.
 """
@@ -25,6 +26,22 @@ def tiny_target(tmp_path_factory) -> str:
 def tiny_features(tiny_target, tmp_path_factory) -> str:
     """A directory of feature files whose response lengths depend on the prompt's first token."""
     return make_features(tiny_target, str(tmp_path_factory.mktemp("features")), count=24, seed=0)
+
+
+@pytest.fixture(scope="session")
+def chat_target(tmp_path_factory) -> str:
+    """A tiny random Llama with the chat tokenizer (the SGLang server tests' target)."""
+    from tests.data_fixtures import make_chat_target
+
+    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
+
+
+@pytest.fixture(scope="session")
+def outlets_export(chat_target, tmp_path_factory) -> str:
+    """A seeded random `outlets export` for ``chat_target``, made in the training environment."""
+    from tests.sglang_harness.offline_reference import in_training_env
+
+    return in_training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
 
 
 @pytest.fixture()

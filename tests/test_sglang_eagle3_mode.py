@@ -23,25 +23,13 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.data_fixtures import make_chat_target  # noqa: E402
-from tests.sglang_harness.offline_reference import in_training_env  # noqa: E402
+from tests.sglang_harness.offline_reference import PROMPTS, in_training_env  # noqa: E402
 from tests.sglang_harness.server import start_server  # noqa: E402
 
-PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
 NEW_TOKENS = 12
 SPECULATIVE = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
                "--speculative-num-draft-tokens", "2"]
 COMMON = ["--disable-radix-cache", "--dtype", "float32"]
-
-
-@pytest.fixture(scope="module")
-def chat_target(tmp_path_factory) -> str:
-    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
-
-
-@pytest.fixture(scope="module")
-def outlets_export(chat_target, tmp_path_factory) -> str:
-    return in_training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
 
 
 @pytest.fixture(scope="module")

@@ -12,23 +12,11 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.data_fixtures import make_chat_target  # noqa: E402
-from tests.sglang_harness.offline_reference import in_training_env  # noqa: E402
+from tests.sglang_harness.offline_reference import PROMPTS, in_training_env  # noqa: E402
 from tests.sglang_harness.server import start_server  # noqa: E402
 
 PRIOR = 256.0
-PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the draft raise for prompts starting with these ids
-
-
-@pytest.fixture(scope="module")
-def chat_target(tmp_path_factory) -> str:
-    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
-
-
-@pytest.fixture(scope="module")
-def outlets_export(chat_target, tmp_path_factory) -> str:
-    return in_training_env("export", chat_target, str(tmp_path_factory.mktemp("export") / "draft"))
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,11 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.data_fixtures import make_chat_target  # noqa: E402
 from tests.sglang_harness.server import completion_order, start_server  # noqa: E402
 
 PRIOR = 256.0
 PROMPT = "hello world the quick brown fox"
 GREEDY_TOKENS = {}  # output ids per server kind, compared at the end
-
-
-@pytest.fixture(scope="module")
-def chat_target(tmp_path_factory) -> str:
-    return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
 
 
 # Predicted lengths on both sides of the long-class threshold; actual lengths are tiny so the test

@@ -21,6 +21,8 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Prompts (token ids of the tiny chat target) whose predictions the serving tests compare with this reference.
+PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
 TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
 
 
