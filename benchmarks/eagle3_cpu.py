@@ -43,6 +43,7 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
 
 RUNS = os.path.join(REPO, "runs", "bench-sharegpt")
@@ -102,13 +103,6 @@ def server(device: str, args: List[str], log: str) -> SGLangServer:
                         env=spec["env"], log_path=log, time_rounds=True, eagle3_cpu=spec["harness"])
 
 
-def write_json(path: str, value) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as handle:
-        json.dump(value, handle, indent=1)
-    os.replace(path + ".tmp", path)
-
-
 def log_path(result_path: str) -> str:
     """Where the server of a stage's result logs: runs/eagle3-logs/<stage>/<name>.log."""
     stage, name = os.path.split(result_path)
@@ -150,7 +144,7 @@ def acceptance(args) -> None:
         if stage_done(path):
             continue
         rows = serve_greedy(args.device, flags, prompts, args.max_new_tokens, log_path(path))
-        write_json(path, {"flags": flags, "max_new_tokens": args.max_new_tokens, "rows": rows})
+        write_text_atomic(path, json.dumps({"flags": flags, "max_new_tokens": args.max_new_tokens, "rows": rows}, indent=1))
         print(f"{name}: {len(rows)} requests", flush=True)
 
 
@@ -187,7 +181,7 @@ def overhead(args) -> None:
                     running.burst([{"input_ids": p["input_ids"], "max_new_tokens": args.overhead_tokens}
                                    for p in prompts[:batch]], gap_s=0.0, timeout=REQUEST_TIMEOUT_S)
                     rows[batch] = decode_steps(running.log_text()[before:]).get(batch)
-            write_json(path, {"policy": name, "flags": draft + flags, "repetition": repetition, "by_batch": rows})
+            write_text_atomic(path, json.dumps({"policy": name, "flags": draft + flags, "repetition": repetition, "by_batch": rows}, indent=1))
             print(f"{name} #{repetition}: {rows}", flush=True)
 
 
@@ -324,7 +318,7 @@ def plot(result: dict, path: str) -> None:
 
 def report(args) -> None:
     result = summarize(args)
-    write_json(os.path.join(args.output, "result.json"), result)
+    write_text_atomic(os.path.join(args.output, "result.json"), json.dumps(result, indent=1))
     lines = [f"# EAGLE-3 mode on a real SGLang server ({result['device']})", "", f"`{result['command']}`", "",
              f"Speculative flags: `{' '.join(SPECULATIVE)}`", "", "## Acceptance (same prompts, greedy)", "",
              "| draft | requests | tokens | verify steps | accept length (pooled) | mean per request | "

@@ -38,6 +38,8 @@ import time
 from types import SimpleNamespace
 from typing import Callable, Dict, List
 
+from specforge_outlets.atomic import write_text_atomic
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE_SIZES = (100, 1000, 4000, 16000)
 RANKS = (2, 4, 8, 16)
@@ -350,11 +352,7 @@ def measure(args: argparse.Namespace) -> None:
     else:
         print(f"predictor: skipped, no outlets export at {args.draft} (run benchmarks/sharegpt_outlets.py, "
               "or pass --draft DIR from `outlets export`)", flush=True)
-    os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, "result.json")
-    with open(path + ".tmp", "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(path + ".tmp", path)
+    write_text_atomic(os.path.join(args.output, "result.json"), json.dumps(result, indent=1))
     with open(os.path.join(args.output, "report.md"), "w") as handle:
         handle.write(report(result))
     print(report(result))

@@ -30,6 +30,7 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from tests.data_fixtures import make_chat_target  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
 
@@ -113,11 +114,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     result = {"command": "python benchmarks/scheduler_server_check.py " + " ".join(sys.argv[1:]),
               "server_args": SERVER_ARGS, "requests": args.requests, "min_queue": args.min_queue, "rows": rows}
-    os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, "server_check.json")
-    with open(path + ".tmp", "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(path + ".tmp", path)
+    path = write_text_atomic(os.path.join(args.output, "server_check.json"), json.dumps(result, indent=1))
     print(f"wrote {path}")
 
 
