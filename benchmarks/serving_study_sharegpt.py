@@ -48,6 +48,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.data.jsonl import write_jsonl  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace, poisson_arrival_times  # noqa: E402
 from specforge_outlets.simulation.cluster import KVAdmission, PredictionPoint, load_cluster_config  # noqa: E402
@@ -106,10 +108,7 @@ def workload(args) -> None:
         ids = generation_prompt_ids(tokenizer, [{"role": "user", "content": prompts[row["id"]]}])
         rows.append({"id": row["id"], "input_length": len(ids), "output_length": int(row["true_output_len"]),
                      "censored": bool(row["censored"])})
-    os.makedirs(os.path.dirname(REQUESTS), exist_ok=True)
-    with open(REQUESTS + ".tmp", "w") as handle:
-        handle.write("".join(json.dumps(row) + "\n" for row in rows))
-    os.replace(REQUESTS + ".tmp", REQUESTS)
+    write_jsonl(REQUESTS, rows)
     print(f"wrote {REQUESTS} ({len(rows)} requests)")
 
 
@@ -133,6 +132,15 @@ class Workload:
         trace = Trace(f"sharegpt-smollm2-{rate_rps:g}rps", [f"{self.rows[i]['id']}#{n}" for n, i in enumerate(drawn)],
                       poisson_arrival_times(rng, rate_rps, count), self.input_lens[drawn], self.output_lens[drawn])
         return trace, drawn
+
+    def run(self, trace: Trace, drawn: np.ndarray, cluster, routing: str, queue: str, predictor: str,
+            cache: Dict[str, tuple]):
+        """One simulated run of a policy with a predictor's values (``cache``: the trace's, by predictor)."""
+        if predictor not in cache:
+            cache[predictor] = self.predictions(predictor, drawn)
+        predictions, trajectories = cache[predictor]
+        policy = Policy(routing_policy(routing), queue_policy(queue))
+        return Simulation(trace, predictions, cluster, policy, SchedulingConfig(), trajectories).run()
 
     def predictions(self, predictor: str, drawn: np.ndarray) -> tuple:
         """(static predictions, trajectories or None) of ``predictor`` for the drawn rows."""
@@ -161,7 +169,6 @@ def simulate(args) -> None:
         print(f"skip (exists): {path}")
         return
     work = Workload()
-    scheduling = SchedulingConfig()
     rows = []
     for cluster_name, admission_name in itertools.product(CLUSTERS, ADMISSIONS):
         cluster = cluster_for(cluster_name, ADMISSIONS[admission_name], args.kv_capacity)
@@ -171,12 +178,8 @@ def simulate(args) -> None:
             cache: Dict[str, tuple] = {}
             for label, routing, queue, predictor in RUNS:
                 predictor = predictor or "none"
-                if predictor not in cache:
-                    cache[predictor] = work.predictions(predictor, drawn)
-                predictions, trajectories = cache[predictor]
                 started = time.perf_counter()
-                result = Simulation(trace, predictions, cluster, Policy(routing_policy(routing), queue_policy(queue)),
-                                    scheduling, trajectories).run()
+                result = work.run(trace, drawn, cluster, routing, queue, predictor, cache)
                 metrics = summarize(result, args.short_threshold)
                 rows.append({"setup": setup, "kv_capacity_tokens": cluster.kv_capacity(), "rate_rps": rate,
                              "run": label, "routing": routing,
@@ -188,15 +191,8 @@ def simulate(args) -> None:
     result = {"command": "python benchmarks/serving_study_sharegpt.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "rates_rps": args.rates, "kv_capacity_tokens": args.kv_capacity,
               "max_new_tokens": MAX_NEW_TOKENS, "short_threshold": args.short_threshold, "seed": args.seed,
-              "scheduling": dataclasses.asdict(scheduling), "rows": rows}
-    write_json(path, result)
-
-
-def write_json(path: str, value) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as handle:
-        json.dump(value, handle, indent=1)
-    os.replace(path + ".tmp", path)
+              "scheduling": dataclasses.asdict(SchedulingConfig()), "rows": rows}
+    write_text_atomic(path, json.dumps(result, indent=1))
 
 
 # -- 3. where the queue forms -----------------------------------------------------------------------
@@ -219,17 +215,17 @@ def breakdown(args) -> None:
         cluster = dataclasses.replace(base, prefill_instances=prefill, decode_instances=4 - prefill)
         for rate in args.breakdown_rates:
             trace, drawn = work.trace(rate, args.requests, args.seed)
+            cache: Dict[str, tuple] = {}
             for label, routing, queue, predictor in BREAKDOWN_RUNS:
-                predictions, trajectories = work.predictions(predictor, drawn)
-                result = Simulation(trace, predictions, cluster, Policy(routing_policy(routing), queue_policy(queue)),
-                                    SchedulingConfig(), trajectories).run()
-                metrics = summarize(result, args.short_threshold)
+                metrics = summarize(work.run(trace, drawn, cluster, routing, queue, predictor, cache),
+                                    args.short_threshold)
                 rows.append({"split": f"{prefill}P+{4 - prefill}D", "rate_rps": rate, "run": label, "metrics": metrics})
                 waits = "  ".join(f"{name} {metrics['all'][name + '_mean_s']:6.2f}/{metrics['all'][name + '_p99_s']:6.2f}"
                                   for name in WAITS)
                 print(f"{prefill}P+{4 - prefill}D {rate:5g} rps {label:42s} {waits}  short P99 "
                       f"{metrics['short']['e2e_p99_s']:7.2f}", flush=True)
-    write_json(path, {"requests": args.requests, "rates_rps": args.breakdown_rates, "rows": rows})
+    write_text_atomic(path, json.dumps({"requests": args.requests, "rates_rps": args.breakdown_rates, "rows": rows},
+                                       indent=1))
 
 
 # -- 4. report and plot -----------------------------------------------------------------------------
