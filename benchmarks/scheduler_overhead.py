@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -62,16 +63,18 @@ DEFAULT_DRAFT = os.path.join(REPO, "runs", "bench-sharegpt", "draft-outlets")
 class RequestFactory:
     """Requests as they reach SGLang's waiting list: arrival order, ShareGPT-like lengths, 10% predicted long.
 
-    Arrivals come at ``ARRIVAL_RATE`` per second and the first ``backlog`` ones end now, as in a
-    saturated server whose queue grew to that size; each later batch arrives after the last one, so
-    "now" of a round is its latest arrival. The tail-safe order's work depends on these ages: the
-    long class's hold-back is a share of the time waited.
+    Arrivals come at ``ARRIVAL_RATE`` per second, as in a saturated server whose queue grew to
+    ``backlog``, and each round's batch after the last one. They are stamped on the monotonic clock
+    that the plugin orders by, and all of them in its past, as SGLang stamps them: the stream starts
+    twice its expected length before the factory is made. The tail-safe order's work depends on
+    these ages: the long class's hold-back is a share of the time waited.
     """
 
     def __init__(self, seed: int, backlog: int) -> None:
         self.rng = random.Random(seed)
         self.count = 0
-        self.clock = time.monotonic() - backlog / ARRIVAL_RATE
+        expected_s = (backlog + ROUNDS * churn(backlog)) / ARRIVAL_RATE
+        self.clock = time.monotonic() - 2 * expected_s
 
     def make(self):
         from sglang_patches import predictions as P
@@ -131,6 +134,22 @@ def orderings() -> Dict[str, Callable[[list], None]]:
     }
 
 
+def churn(waiting: int) -> int:
+    """Requests admitted from the front, and arriving at the end, between two rounds."""
+    return max(1, int(CHURN * waiting))
+
+
+def timed(function: Callable, *args) -> float:
+    """Seconds one call takes, with the garbage collector off during it, as ``timeit`` times."""
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        function(*args)
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
 def measure_ordering(sizes, repetitions: int) -> List[dict]:
     policies = orderings()
     rows = []
@@ -141,16 +160,11 @@ def measure_ordering(sizes, repetitions: int) -> List[dict]:
             for name, sort in policies.items():  # interleaved: every policy sees the same machine state
                 factory = RequestFactory(seed=repetition, backlog=n)
                 queue = factory.queue(n)
-                start = time.perf_counter()
-                sort(queue)
-                first[name].append(time.perf_counter() - start)
-                churn = max(1, int(CHURN * n))
+                first[name].append(timed(sort, queue))
                 for _ in range(ROUNDS):
-                    del queue[:churn]
-                    queue.extend(factory.queue(churn))
-                    start = time.perf_counter()
-                    sort(queue)
-                    steady[name].append(time.perf_counter() - start)
+                    del queue[:churn(n)]
+                    queue.extend(factory.queue(churn(n)))
+                    steady[name].append(timed(sort, queue))
         row = {"waiting": n}
         for name in policies:
             row[f"{name} steady ms"] = 1e3 * statistics.median(steady[name])
@@ -218,10 +232,7 @@ def measure_routing(ranks, repetitions: int) -> List[dict]:
                 dispatch = controller(num_ranks, method)
                 rng = random.Random(repetition)
                 requests = [dispatch_request(rng) for _ in range(DISPATCHES)]
-                start = time.perf_counter()
-                for req in requests:
-                    dispatch(req)
-                times[method].append((time.perf_counter() - start) / DISPATCHES)
+                times[method].append(timed(lambda: list(map(dispatch, requests))) / DISPATCHES)
         row = {"ranks": num_ranks, **{f"{method} us": 1e6 * statistics.median(times[method]) for method in methods}}
         rows.append(row)
         print(f"routing {num_ranks:>2} ranks: " + ", ".join(f"{m} {row[f'{m} us']:.2f}" for m in methods)
@@ -251,12 +262,8 @@ def measure_snapshot(waiting_sizes, repetitions: int) -> List[dict]:
         inquirer = SimpleNamespace(get_running_batch=lambda: SimpleNamespace(reqs=running),
                                    get_waiting_queue=lambda: queue, get_chunked_req=lambda: None)
         stock = LoadSnapshot(dp_rank=0, timestamp=1.0, num_running_reqs=len(running), num_waiting_reqs=len(queue))
-        times = []
-        for _ in range(repetitions * 5):
-            start = time.perf_counter()
-            snapshot = routing.get_loads_around(lambda self: stock, inquirer)
-            times.append(time.perf_counter() - start)
-        assert snapshot.outlets_num_requests == RUNNING_PER_RANK + waiting
+        times = [timed(routing.get_loads_around, lambda self: stock, inquirer) for _ in range(repetitions * 5)]
+        assert routing.get_loads_around(lambda self: stock, inquirer).outlets_num_requests == RUNNING_PER_RANK + waiting
         rows.append({"running": RUNNING_PER_RANK, "waiting": waiting, "added ms": 1e3 * statistics.median(times)})
         print(f"snapshot {RUNNING_PER_RANK} running + {waiting} waiting: +{rows[-1]['added ms']:.3f} ms", flush=True)
     return rows
@@ -284,11 +291,7 @@ def measure_predictor(draft: str, prompt_lens, repetitions: int) -> List[dict]:
         features = torch.randn(length, 3 * hidden)
         prompt = torch.randint(0, vocab, (length,)).tolist()
         predictor.predict_output_len(features, prompt, 1)  # warm-up
-        times = []
-        for _ in range(repetitions):
-            start = time.perf_counter()
-            predictor.predict_output_len(features, prompt, 1)
-            times.append(time.perf_counter() - start)
+        times = [timed(predictor.predict_output_len, features, prompt, 1) for _ in range(repetitions)]
         ms = 1e3 * statistics.median(times)
         rows.append({"prompt tokens": length, "ms per request": ms, "us per prefill token": 1e3 * ms / length})
         print(f"predictor {length:>5} prompt tokens: {ms:.2f} ms ({1e3 * ms / length:.1f} us/token)", flush=True)

@@ -1,8 +1,8 @@
 """``--schedule-policy outlets``: the waiting-queue order, arrival stamps and external predictions, the retraction order, the PD decode queue.
 
 The order itself is the shared scheduling core's (``specforge_outlets.scheduling.admission_order``);
-this module puts SGLang's lists in that order, with each request's keys cached on it
-(``predictions.CachedOrderKeys``) so that a round reads one tuple per request.
+this module puts SGLang's lists in that order, with each request's keys cached on it while it waits
+(``predictions.CachedOrderKeys``) so that a round is one sort by plain attributes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from specforge_outlets.scheduling import admission_order, retraction_order_key
 _POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_REQ = "sglang.srt.managers.schedule_batch.Req"
 _DECODE_MIXIN = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin"
 
 
@@ -77,6 +78,13 @@ def retraction_order_around(original, reqs):
     return sorted(range(len(reqs)), key=keys.__getitem__)
 
 
+def reset_for_retract_after(result, self, *args, **kwargs):
+    # Every request that ran and goes back to a waiting queue (retraction, PD re-bootstrap, a
+    # yielded optimistic prefill) passes here; it comes back with more tokens, so new keys.
+    P.drop_order_keys(self)
+    return None
+
+
 def prebuilt_batch_around(original, self, running_batch, *args, **kwargs):
     if state.schedule_policy_is_outlets() and len(self.waiting_queue) > 1:
         sort_waiting(self.waiting_queue, state.settings().scheduling)
@@ -90,4 +98,5 @@ HOOK_TARGETS = [
      {state.ORDERING, state.ROUTING, state.PREDICTOR}),
     (f"{_BATCH}._get_decode_retraction_order", retraction_order_around, "AROUND", {state.ORDERING}),
     (f"{_DECODE_MIXIN}._get_new_prebuilt_batch", prebuilt_batch_around, "AROUND", {state.ORDERING}),
+    (f"{_REQ}.reset_for_retract", reset_for_retract_after, "AFTER", {state.ORDERING}),
 ]

@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from itertools import compress
 from operator import attrgetter
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from specforge_outlets.scheduling import (
     RequestKeys,
     SchedulingConfig,
     is_predicted_long,
     predicted_remaining,
+    short_merge_key,
     sjf_sort_key,
 )
 from sglang_patches.settings import (
@@ -32,8 +34,8 @@ logger = logging.getLogger("sglang_patches")
 ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
 ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallback)
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
-# (config, tokens generated, SJF key, tail-safe class key, predicted remaining): CachedOrderKeys, read by name there
-ATTR_ORDER_KEYS = "outlets_order_keys"
+# (config, tokens generated, predicted remaining): remaining(), for the requests routing and KV admission read
+ATTR_REMAINING = "outlets_predicted_remaining"
 _read_arrival = attrgetter(ATTR_ARRIVAL)
 
 
@@ -101,7 +103,8 @@ def set_remaining_estimate(req, estimate: float, output_len: int) -> None:
 
 def _predict_total(req, value: float, source: str) -> None:
     setattr(req, ATTR_PREDICTION, float(value))
-    setattr(req, ATTR_ORDER_KEYS, None)
+    setattr(req, ATTR_REMAINING, None)
+    drop_order_keys(req)
     setattr(req, ATTR_SOURCE, source)
 
 
@@ -193,50 +196,99 @@ def num_generated(req) -> int:
 
 
 def remaining(req, config: SchedulingConfig) -> float:
-    """Predicted remaining output tokens; read from the order keys' cache while the request waits."""
-    cached = getattr(req, ATTR_ORDER_KEYS, None)
-    if cached is not None and cached[0] is config and cached[1] == len(req.output_ids):
-        return cached[4]
-    return predicted_remaining(prediction(req), num_generated(req), config.prior_output_len)
+    """Predicted remaining output tokens, cached on the request until it generates a token or is re-predicted."""
+    cached = getattr(req, ATTR_REMAINING, None)
+    generated = num_generated(req)
+    if cached is not None and cached[0] is config and cached[1] == generated:
+        return cached[2]
+    value = predicted_remaining(prediction(req), generated, config.prior_output_len)
+    setattr(req, ATTR_REMAINING, (config, generated, value))
+    return value
+
+
+# The attribute names of the order keys cached for each scheduling config: (SJF key, predicted
+# long, tail-safe merge key); one triple per distinct config, so that keys cached for another
+# config are never read.
+_ORDER_KEY_NAMES: Dict[SchedulingConfig, Tuple[str, str, str]] = {}
+
+
+def _order_key_names(config: SchedulingConfig) -> Tuple[str, str, str]:
+    if config not in _ORDER_KEY_NAMES:
+        serial = len(_ORDER_KEY_NAMES)
+        _ORDER_KEY_NAMES[config] = tuple(f"outlets_{key}_{serial}" for key in ("sjf_key", "long", "merge_key"))
+    return _ORDER_KEY_NAMES[config]
+
+
+def drop_order_keys(req) -> None:
+    """Forget a request's cached order keys: its prediction changed, or it ran and may come back with more tokens."""
+    attributes = getattr(req, "__dict__", None)
+    if attributes is not None:
+        for names in _ORDER_KEY_NAMES.values():
+            for name in names:
+                attributes.pop(name, None)
 
 
 class CachedOrderKeys(RequestKeys):
-    """Order keys of SGLang requests, cached on each request while its prediction and output stay the same.
+    """Order keys of SGLang requests, cached on each request while it waits and sorted by at C speed.
 
     SGLang re-sorts its waiting list every scheduling round, and a waiting request's keys cannot
-    change (it generates nothing; aging is linear in arrival time), so they are computed once per
-    request instead of once per request per round. :func:`set_prediction` drops the cache; a
-    change of the tokens generated (a retracted request back in the queue) or of the settings is
-    noticed when the keys are read.
+    change: it generates nothing, and aging is linear in arrival time. So they are computed once per
+    stay in the queue and stored as plain attributes, and a round reads them with
+    ``operator.attrgetter``, with no Python call per request (the tail-safe order rewrites the merge
+    keys of its long class, which move with time). They are dropped whenever they could change (:func:`drop_order_keys`): a
+    new prediction (:func:`set_prediction`), and ``Req.reset_for_retract``, through which every
+    request that ran goes back to a waiting queue (hook in ``ordering.py``). A request without keys
+    (new, or dropped) gets them when an order first reads it.
     """
 
-    def sjf(self, req) -> Tuple[float, float]:
-        try:  # inlined in both readers, which run per request per round; a plain attribute read is the fastest
-            cached = req.outlets_order_keys
-        except AttributeError:
-            cached = None
-        if cached is None or cached[0] is not self.config or cached[1] != len(req.output_ids):
-            cached = self._recompute(req)
-        return cached[2]
+    def __init__(self, config: SchedulingConfig) -> None:
+        super().__init__(config)
+        self._sjf_name, self._long_name, self._merge_name = _order_key_names(config)
+        self._read_sjf, self._read_long = attrgetter(self._sjf_name), attrgetter(self._long_name)
+        self._read_merge = attrgetter(self._merge_name)
 
-    def tail_safe_class(self, req) -> Tuple[bool, float]:
+    def sjf(self, req) -> Tuple[float, float]:
         try:
-            cached = req.outlets_order_keys
+            return self._read_sjf(req)
         except AttributeError:
-            cached = None
-        if cached is None or cached[0] is not self.config or cached[1] != len(req.output_ids):
-            cached = self._recompute(req)
-        return cached[3]
+            self._compute(req)
+            return self._read_sjf(req)
+
+    def sorted_by_sjf(self, reqs) -> list:
+        return self._read_all(reqs, lambda: sorted(reqs, key=self._read_sjf))
+
+    def predicted_long(self, reqs) -> list:
+        return self._read_all(reqs, lambda: list(compress(reqs, map(self._read_long, reqs))))
 
     def arrivals(self, reqs) -> List[float]:
-        # the stamp the cached class key holds: set once (stamp_arrival), read by attribute at C speed
+        # the stamp the cached keys were computed from: set once (stamp_arrival), read at C speed
         return list(map(_read_arrival, reqs))
 
-    def _recompute(self, req) -> tuple:
+    def sorted_by_merge_key(self, reqs, long_reqs, long_keys) -> list:
+        for req, key in zip(long_reqs, long_keys):  # the short class's keys were cached with the rest
+            setattr(req, self._merge_name, key)
+        return sorted(reqs, key=self._read_merge)
+
+    def _read_all(self, reqs, read):
+        """``read()`` of a round's first pass over the list, after the keys of requests without them are computed."""
+        # Requests join at the end of the list (new arrivals, retractions): fill those in first, so
+        # that the common round reads once; a request without keys anywhere else makes the read
+        # raise, and then every request is checked.
+        for req in reversed(reqs):
+            if hasattr(req, self._sjf_name):
+                break
+            self._compute(req)
+        try:
+            return read()
+        except AttributeError:
+            for req in reqs:
+                if not hasattr(req, self._sjf_name):
+                    self._compute(req)
+            return read()
+
+    def _compute(self, req) -> None:
         stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
-        arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), len(req.output_ids)
-        cached = (self.config, generated, sjf_sort_key(predicted, generated, arrival, self.config),
-                  (is_predicted_long(predicted, generated, self.config), arrival),
-                  predicted_remaining(predicted, generated, self.config.prior_output_len))
-        setattr(req, ATTR_ORDER_KEYS, cached)
-        return cached
+        arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), num_generated(req)
+        setattr(req, self._sjf_name, sjf_sort_key(predicted, generated, arrival, self.config))
+        setattr(req, self._long_name, is_predicted_long(predicted, generated, self.config))
+        setattr(req, self._merge_name, short_merge_key(arrival))  # a long request's is set by each order

@@ -15,7 +15,6 @@ from specforge_outlets.scheduling import (
     LeastRequestsRouter,
     QueuePolicy,
     RankLoad,
-    RequestKeys,
     RoundRobinRouter,
     RoutingPolicy,
     SchedulingConfig,
@@ -32,7 +31,9 @@ from specforge_outlets.scheduling import (
     predicted_remaining,
     rank_load,
     retraction_order_key,
+    short_merge_key,
     sjf_sort_key,
+    tail_safe_long_merge_keys,
     tail_safe_sort_key,
 )
 
@@ -376,42 +377,39 @@ def test_admission_order_equals_the_reference_on_large_queues(policy):
     for trial in range(60):
         n = rng.choice([1, 2, 300, 1000])
         long_share = rng.choice([0.0, 0.02, 0.3, 0.9, 1.0])
-        requests = [Req(f"{trial}-{i}", round(rng.uniform(0, 100), rng.choice([0, 1, 6])),
+        offset = rng.choice([0.0, 0.0, -50.0, -100.0])  # negative times too, and -0.0 (the merge keys' bit patterns)
+        requests = [Req(f"{trial}-{i}", round(rng.uniform(0, 100), rng.choice([0, 1, 6])) + offset,
                         rng.choice([None, rng.uniform(900, 4000) if rng.random() < long_share else rng.uniform(1, 700)]),
                         rng.choice([0, 0, 30])) for i in range(n)]
         config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 1.0, 2.0]),
                            aging_tokens_per_s=rng.choice([0.0, 10.0]))
+        if offset < 0:
+            requests[0].arrival_time = -0.0
         latest = max(r.arrival_time for r in requests)
         now = rng.choice([latest, latest + rng.uniform(0, 300)])
         expected = reference_admission_order(requests, policy, config, now)
         assert admission_order(requests, policy, config, now) == expected, trial
 
 
-def test_tail_safe_order_takes_now_as_at_least_the_latest_arrival():
+def test_tail_safe_order_is_by_default_at_the_latest_arrival():
     config = tail_safe(long_holdback=0.5)
-    requests = [Req("long", 0.0, 5000.0), Req("short", 10.0, 20.0)]
-    assert admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=3.0) == \
-        admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=10.0) == \
-        admission_order(requests, QueuePolicy.TAIL_SAFE, config)
+    requests = [Req("long", 0.0, 5000.0), Req("short-1", 10.0, 20.0), Req("short-2", 25.0, 20.0)]
+    assert [r.name for r in admission_order(requests, QueuePolicy.TAIL_SAFE, config)] == \
+        [r.name for r in admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=25.0)] == \
+        ["short-1", "long", "short-2"]  # T = 0 + 0.5 * 25 = 12.5
+    assert [r.name for r in admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=60.0)] == \
+        ["short-1", "short-2", "long"]  # T = 30
 
 
-class CountingKeys(RequestKeys):
-    """Counts the key reads of an order (each one is a Python call per request on the scheduler's thread)."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.reads = 0
-
-    def tail_safe_class(self, request):
-        self.reads += 1
-        return super().tail_safe_class(request)
-
-
-def test_tail_safe_order_reads_each_request_s_keys_once():
-    config = tail_safe()
-    requests = [Req(str(i), float(i), 3000.0 if i % 100 == 0 else 50.0) for i in range(2000)]
-    keys = CountingKeys(config)
-    order = admission_order(requests, QueuePolicy.TAIL_SAFE, config, now=3000.0, keys=keys)
-    assert order == reference_admission_order(requests, QueuePolicy.TAIL_SAFE, config, 3000.0)
-    # the sort reads every request once; the class boundary is a binary search (12 reads)
-    assert keys.reads - len(requests) <= 12
+def test_merge_keys_order_a_long_and_a_short_request_as_the_tail_safe_key_does():
+    """Every pair, at exact ties too: held back (T > a) the long one goes first at T, not held back after."""
+    config = tail_safe(long_holdback=0.5)
+    for long_arrival in (-3.0, -0.0, 0.0, 2.0, 4.0):
+        for now in (long_arrival, 4.0, 8.0):
+            threshold = tail_safe_sort_key(True, long_arrival, now - long_arrival, config)
+            [long_key] = tail_safe_long_merge_keys([long_arrival], now, config)
+            for short_arrival in (-3.0, -1.5, -0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0):
+                expected = threshold < tail_safe_sort_key(False, short_arrival, now - long_arrival, config)
+                assert (long_key < short_merge_key(short_arrival)) is expected, (long_arrival, now, short_arrival)
+    assert short_merge_key(-0.0) == short_merge_key(0.0) < short_merge_key(5e-324) < short_merge_key(1.0)
+    assert short_merge_key(-2.0) < short_merge_key(-1.0) < short_merge_key(-5e-324) < short_merge_key(-0.0)

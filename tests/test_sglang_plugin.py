@@ -83,7 +83,7 @@ def test_every_hook_is_applied(plugins_loaded):
     from sglang_patches import registry
 
     exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
-    assert len(exported) == len(set(exported)) == 19
+    assert len(exported) == len(set(exported)) == 20
     assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -243,6 +243,16 @@ class FreshView:
     num_generated_tokens: int
 
 
+def sglang_request(rid, predicted=None, arrival=0.0):
+    """A real SGLang ``Req`` with only the fields the order and ``Req.reset_for_retract`` read."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    req = Req.__new__(Req)
+    req.__dict__.update(request(rid, predicted, arrival).__dict__)
+    req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
+    return req
+
+
 @pytest.mark.parametrize("order", ["sjf", "tail-safe"])
 def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order):
     """Keys cached on requests across rounds never go stale: new arrivals, admissions, late predictions, retractions."""
@@ -258,13 +268,17 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         clock[0] += rng.uniform(0, 2)
         for _ in range(rng.randint(0, 25)):  # arrivals, with or without an external prediction
             count += 1
-            queue.append(request(str(count), rng.choice([None, rng.uniform(1, 700), rng.uniform(800, 4000)]),
-                                 arrival=round(clock[0] - rng.uniform(0, 3), 1)))
+            new = sglang_request(str(count), rng.choice([None, rng.uniform(1, 700), rng.uniform(800, 4000)]),
+                                 arrival=round(clock[0] - rng.uniform(0, 3), 1))
+            queue.insert(rng.choice([len(queue), 0]), new)  # SGLang appends; a yielded prefill goes first
         for req in rng.sample(queue, k=min(4, len(queue))):
             if rng.random() < 0.5:  # a prediction arrives while the request waits
                 P.set_prediction(req, rng.uniform(1, 3000), "draft")
-            else:  # retracted: back in the queue with more tokens generated
+            else:  # admitted, ran, retracted (SGLang's own reset), back in the queue with more tokens
+                queue.remove(req)
                 req.output_ids.extend([0] * rng.randint(1, 900))
+                req.reset_for_retract()
+                queue.append(req)
         fresh = [FreshView(r.rid, r.outlets_arrival_time, P.prediction(r), len(r.output_ids)) for r in queue]
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
@@ -272,20 +286,26 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         del queue[:rng.randint(0, 10)]  # admitted
 
 
-def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monkeypatch):
-    monkeypatch.setenv(ENV_ORDER, "sjf")
+@pytest.mark.parametrize("order", ["sjf", "tail-safe"])
+def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monkeypatch, order):
+    monkeypatch.setenv(ENV_ORDER, order)
     monkeypatch.setenv(ENV_AGING, "0")
     state.reset_settings()
     config = state.settings().scheduling
     calls = []
     real = P.sjf_sort_key
     monkeypatch.setattr(P, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: 300.0))
     queue = [request(str(i), float(1000 - i), arrival=float(i)) for i in range(200)]
     ordering.sort_waiting(queue, config)
     assert len(calls) == 200
-    queue.append(request("new", 5.0, arrival=300.0))
+    queue.append(request("new", 5.0, arrival=199.5))
     ordering.sort_waiting(queue, config)
-    assert len(calls) == 201 and queue[0].rid == "new"
+    ordering.sort_waiting(queue, config)
+    assert len(calls) == 201
+    # sjf: the shortest first; tail-safe: all but the new one are long, so the oldest is held back
+    # by 5% of its 300 s wait, less than "new" arrived after it
+    assert queue[0].rid == ("new" if order == "sjf" else "0")
 
 
 def test_stock_policies_are_untouched(plugins_loaded):
@@ -394,6 +414,8 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
         req.sampling_params = SimpleNamespace(max_new_tokens=2000, ignore_eos=False, custom_params=None)
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(None, b) == pytest.approx(899, abs=1)  # whole tokens, rounded up; z travels in float32
+    keys = P.CachedOrderKeys(config)
+    assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [a, b]  # keys now cached on a and b
 
     # a verify step: a accepted 2 tokens (3 generated), b 1 (2 generated); the draft now expects b to end soon
     step_estimates([a, b], [120.0, 5.0], new_tokens=[2, 1])
@@ -405,7 +427,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     assert a.customized_info["predicted_remaining_len"] == [None, None, 119.0]
     assert a.customized_info["predicted_remaining_after"] == [None, None, 3]
     # the waiting-queue order reads the new estimate, not the cached key of the last round
-    assert admission_order([a, b], QueuePolicy.SJF, config, keys=P.CachedOrderKeys(config)) == [b, a]
+    assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [b, a]
     meta = {"predicted_output_len": [40.0], "predicted_remaining_len": [None, 130.0, None, 119.0],
             "predicted_remaining_after": [None, 2, None, 3]}
     meta_info.update_meta_info_after(None, None, meta, None, {}, 0, None)

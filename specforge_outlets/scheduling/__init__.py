@@ -17,7 +17,9 @@ from specforge_outlets.scheduling.keys import (
     is_predicted_long,
     predicted_remaining,
     retraction_order_key,
+    short_merge_key,
     sjf_sort_key,
+    tail_safe_long_merge_keys,
     tail_safe_sort_key,
 )
 from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN, predicted_output_budget
@@ -57,7 +59,9 @@ __all__ = [
     "is_predicted_long",
     "predicted_remaining",
     "retraction_order_key",
+    "short_merge_key",
     "sjf_sort_key",
+    "tail_safe_long_merge_keys",
     "tail_safe_sort_key",
     "DEFAULT_KV_MARGIN",
     "predicted_output_budget",

@@ -24,9 +24,12 @@ window later. With ``rate = 0`` the key is plain SJF and there is no bound.
 
 from __future__ import annotations
 
+import itertools
 import math
+import struct
+from array import array
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 # Output length assumed for a request that has no prediction (none yet, or the predictor
 # failed), so that it is neither starved nor favoured. 256 tokens is near the mean output
@@ -142,6 +145,53 @@ def tail_safe_sort_key(
     """
     holdback = config.long_holdback * head_of_line_age_s if predicted_long else 0.0
     return arrival_time + holdback, arrival_time
+
+
+# Bits of a tail-safe merge key below its time: 2 for the tie class, then the rank in the long class.
+_RANK_BITS = 32
+_TIME_SHIFT = _RANK_BITS + 2
+
+
+def _time_ordinals(times: Sequence[float]) -> List[int]:
+    """Integers in the order of the floats, equal for equal floats: their IEEE-754 bit patterns, signed."""
+    ordinals = array("q", array("d", times).tobytes())  # non-negative floats: ascending as their floats
+    if not ordinals or min(ordinals) >= 0:
+        return list(ordinals)
+    # a negative float (sign bit set) is -2**63 + magnitude as an int64; -0.0 becomes 0, as +0.0
+    return [ordinal if ordinal >= 0 else -(ordinal + 2 ** 63) for ordinal in ordinals]
+
+
+def short_merge_key(arrival_time: float) -> int:
+    """:func:`tail_safe_long_merge_keys`' counterpart for a short-class request: its arrival time, tie class 1."""
+    ordinal = int.from_bytes(struct.pack("<d", arrival_time), "little", signed=True)  # as _time_ordinals
+    if ordinal < 0:
+        ordinal = -(ordinal + 2 ** 63)
+    return (ordinal << _TIME_SHIFT) | (1 << _RANK_BITS)
+
+
+def tail_safe_long_merge_keys(long_arrivals: Sequence[float], now: float, config: SchedulingConfig) -> List[int]:
+    """Integer keys of predicted-long requests (given in arrival order) that merge them with the short class.
+
+    :class:`~specforge_outlets.scheduling.request_queue.TailSafeRequestQueue` admits the long head
+    (arrived at ``a``, waited ``now - a``: it is the older head whenever this matters) before a
+    short head arrived at ``s`` iff ``tail_safe_sort_key`` says ``(T, a) < (s, s)``, with threshold
+    ``T = a + f * (now - a)``. A long request is admitted only after the long ones that arrived
+    before it, so it goes ahead of a short one iff some ``(T, a)`` up to it in arrival order does:
+    its effective ``(T, a)`` is the running maximum. Sorting every request by one integer then
+    gives the queue's order: the time (``T``, or a short request's ``s``) in the high bits; at an
+    equal time a short request (class 1) goes after a held-back long one (class 0) and before one
+    not held back (``T == a``, class 2); long requests keep their arrival rank in the low bits, and
+    equal short keys keep list order in a stable sort. One integer instead of a tuple, because the
+    waiting list is re-sorted by these every scheduling round and integers compare fastest.
+    """
+    holdback = config.long_holdback
+    assert len(long_arrivals) < 2 ** _RANK_BITS
+    # the same arithmetic as tail_safe_sort_key: arrival + long_holdback * age
+    running = list(itertools.accumulate(((arrival + holdback * (now - arrival), arrival)
+                                         for arrival in long_arrivals), max))
+    times = _time_ordinals([threshold for threshold, _ in running])
+    return [(time << _TIME_SHIFT) | ((0 if threshold > arrival else 2) << _RANK_BITS) | rank
+            for rank, (time, (threshold, arrival)) in enumerate(zip(times, running))]
 
 
 def holdback_window_s(waited_s: float, config: SchedulingConfig) -> float:

@@ -7,7 +7,6 @@ policy and a factory. Requests are any objects with the attributes of :class:`Sc
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import operator
@@ -17,7 +16,14 @@ from enum import Enum
 from operator import attrgetter
 from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
-from specforge_outlets.scheduling.keys import SchedulingConfig, is_predicted_long, sjf_sort_key, tail_safe_sort_key
+from specforge_outlets.scheduling.keys import (
+    SchedulingConfig,
+    is_predicted_long,
+    sjf_sort_key,
+    short_merge_key,
+    tail_safe_long_merge_keys,
+    tail_safe_sort_key,
+)
 
 
 class QueuePolicy(Enum):
@@ -176,11 +182,12 @@ def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> Reque
 
 
 class RequestKeys:
-    """What an admission order reads from a request: its SJF key and its tail-safe class key.
+    """What an admission order reads from requests: their SJF key, tail-safe class and arrival time.
 
-    This provider computes both from the request's fields at every call. Neither changes while a
-    request waits, so a scheduler that re-sorts the same waiting list every round (SGLang) gives
-    :func:`admission_order` a provider that caches them on its requests instead.
+    This provider computes every key from the request's fields at every read. None of them changes
+    while a request waits, so a scheduler that re-sorts the same waiting list every round (SGLang)
+    gives :func:`admission_order` a provider that caches them on its requests and sorts by the
+    cached values at C speed instead (``sglang_patches.predictions.CachedOrderKeys``).
     """
 
     def __init__(self, config: SchedulingConfig) -> None:
@@ -191,14 +198,32 @@ class RequestKeys:
         return sjf_sort_key(
             request.predicted_output_len, request.num_generated_tokens, request.arrival_time, self.config)
 
-    def tail_safe_class(self, request: SchedulableRequest) -> Tuple[bool, float]:
-        """(predicted long, arrival time): ascending puts the short class first, each class in arrival order."""
-        long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, self.config)
-        return long, request.arrival_time
+    def sorted_by_sjf(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
+        """The requests by :meth:`sjf`, ascending; a stable sort, so exact ties stay in list order."""
+        return sorted(requests, key=self.sjf)
+
+    def predicted_long(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
+        """The requests of the tail-safe key's long class (:func:`is_predicted_long`), in list order."""
+        config = self.config
+        return [request for request in requests
+                if is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config)]
 
     def arrivals(self, requests: Sequence[SchedulableRequest]) -> List[float]:
-        """The arrival times of requests whose :meth:`tail_safe_class` was just read, as that read them."""
+        """The requests' arrival times."""
         return list(map(attrgetter("arrival_time"), requests))
+
+    def sorted_by_merge_key(
+        self, requests: Sequence[SchedulableRequest], long_requests: Sequence[SchedulableRequest],
+        long_keys: Sequence[int],
+    ) -> List[SchedulableRequest]:
+        """The requests by tail-safe merge key: :func:`short_merge_key`, and these keys for the long ones (all)."""
+        by_id = dict(zip(map(id, long_requests), long_keys))
+
+        def merge_key(request: SchedulableRequest) -> int:
+            key = by_id.get(id(request))
+            return short_merge_key(request.arrival_time) if key is None else key
+
+        return sorted(requests, key=merge_key)
 
 
 def admission_order(
@@ -209,8 +234,9 @@ def admission_order(
 
     For schedulers that keep their waiting requests in a list (SGLang sorts its list every round):
     one sort per round instead of a queue rebuilt and drained, with the same result as the queue
-    classes above (tests/test_scheduling.py checks it on random queues, ties included). ``now``
-    defaults to, and is at least, the latest arrival. ``keys`` (built for ``config``) reads the
+    classes above (tests/test_scheduling.py checks it on random queues, ties included). ``now`` is
+    the time of admission, so at or after every arrival (SGLang: its monotonic clock, which stamped
+    the arrivals); by default the latest arrival. ``keys`` (built for ``config``) reads the
     requests; by default from their :class:`SchedulableRequest` fields.
     """
     keys = RequestKeys(config) if keys is None else keys
@@ -218,47 +244,37 @@ def admission_order(
     if policy is QueuePolicy.FCFS:
         return list(requests)
     if policy is QueuePolicy.SJF:  # a stable sort breaks exact ties by list order, as the heap's counter does
-        return sorted(requests, key=keys.sjf)
+        return keys.sorted_by_sjf(requests)
     if policy is QueuePolicy.TAIL_SAFE:
-        return _merge_tail_safe_classes(sorted(requests, key=keys.tail_safe_class), keys, now)
+        return _tail_safe_order(requests, keys, now)
     raise ValueError(f"unknown queue policy: {policy!r}")
 
 
-def _merge_tail_safe_classes(
-    by_class: List[SchedulableRequest], keys: RequestKeys, now: Optional[float]
+def _tail_safe_order(
+    requests: Sequence[SchedulableRequest], keys: RequestKeys, now: Optional[float]
 ) -> List[SchedulableRequest]:
-    """The two classes merged head against head, as :class:`TailSafeRequestQueue` pops them.
+    """The order in which :class:`TailSafeRequestQueue` pops these requests at ``now``, as one sort.
 
-    ``by_class`` is the short class then the long class, each in arrival order (equal arrivals in
-    list order, as the heaps' counter). Whether the long head goes before a short head is monotone
-    in the short head's arrival (never while the short one is older; from a threshold on when it is
-    younger), so each predicted-long request's place among the short ones is a binary search over
-    the short class's arrival times, read in one pass by ``keys.arrivals``. This runs every round:
-    past the sort, the per-request work is list built-ins, and Python code runs per long request.
+    The short class's merge keys are their arrival times, fixed; only the long class's move with
+    time (:func:`tail_safe_long_merge_keys`), so per round Python code runs per long request and the
+    rest is one sort of a list that the last round left nearly in order.
     """
-    def is_long(request: SchedulableRequest) -> bool:
-        return keys.tail_safe_class(request)[0]
+    long_requests = keys.predicted_long(requests)
+    long_keys: List[int] = []
+    if long_requests:
+        long_requests, long_arrivals = _by_arrival(long_requests, keys)
+        if now is None:
+            now = max(keys.arrivals(requests))
+        long_keys = tail_safe_long_merge_keys(long_arrivals, now, keys.config)
+    return keys.sorted_by_merge_key(requests, long_requests, long_keys)
 
-    config = keys.config
-    num_short = bisect.bisect_left(by_class, True, key=is_long)
-    if num_short in (0, len(by_class)):
-        return by_class
-    short_arrivals = keys.arrivals(by_class[:num_short])
-    long_requests = by_class[num_short:]
-    long_arrivals = keys.arrivals(long_requests)
-    # No request can arrive after the time it is admitted at: now is at least the latest arrival.
-    latest = max(short_arrivals[-1], long_arrivals[-1])
-    now = latest if now is None else max(now, latest)
-    # The long head goes first iff (T, a_long) < (a_short, a_short): a_short > T, or a_short == T > a_long;
-    # so the short requests ahead of it are those arrived before T (at T too, when T == a_long: no hold-back).
-    thresholds = [tail_safe_sort_key(True, arrival, now - arrival, config)[0] for arrival in long_arrivals]
-    ahead = list(map(bisect.bisect_left, itertools.repeat(short_arrivals), thresholds))
-    for j in itertools.compress(range(len(ahead)), map(operator.eq, thresholds, long_arrivals)):
-        ahead[j] = bisect.bisect_right(short_arrivals, thresholds[j])
-    order: List[SchedulableRequest] = []
-    placed = 0  # short requests already in the order; a merge never moves back (hence the running maximum)
-    for request, place in zip(long_requests, itertools.accumulate(ahead, max)):
-        order += by_class[placed:place]
-        order.append(request)
-        placed = place
-    return order + by_class[placed:num_short]
+
+def _by_arrival(
+    requests: List[SchedulableRequest], keys: RequestKeys
+) -> Tuple[List[SchedulableRequest], List[float]]:
+    """The requests in arrival order (a stable sort: equal arrivals in list order) and their arrival times."""
+    arrivals = keys.arrivals(requests)
+    if all(map(operator.le, arrivals, itertools.islice(arrivals, 1, None))):
+        return requests, arrivals
+    order = sorted(range(len(requests)), key=arrivals.__getitem__)
+    return list(map(requests.__getitem__, order)), list(map(arrivals.__getitem__, order))
