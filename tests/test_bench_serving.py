@@ -10,11 +10,13 @@ max_new_tokens. Every answer carries ``predicted_output_len`` = tokens + 0.5.
 
 import json
 import math
+import pickle
 import re
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -400,6 +402,45 @@ def test_fixed_output_len_sends_each_rows_length_with_ignore_eos(tmp_path, stub,
     assert summary["skipped_rows"] == 1 and summary["source"]["output_len"].startswith("dataset output_length")
 
 
+def test_end_at_output_len_keeps_the_cap_and_asks_the_server_to_end_each_request(tmp_path, stub, capsys):
+    from specforge_outlets.benchmarking.end_at_length import EndAtOutputLength
+
+    rows = [{"id": "a", "prompt": "qa len=9", "output_length": 3}, {"id": "b", "prompt": "qb len=9", "output_length": 9},
+            {"id": "c", "prompt": "qc len=9"}]
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--end-at-output-len", "2", "--max-new-tokens", "8", "--oracle-prediction")
+    out = capsys.readouterr().out
+    assert code == 0 and "(id b): output_length 9 is over --max-new-tokens 8" in out and "(id c): no output_length" in out
+    [(_, body)] = stub.received
+    assert body["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.7, "custom_params": {
+        "outlets_predicted_output_len": 3.0, "outlets_end_at_output_len": 3, "outlets_end_token_id": 2}}
+    # SGLang's CustomLogitProcessor.from_str: unpickle the callable, then instantiate it
+    processor = pickle.loads(bytes.fromhex(json.loads(body["custom_logit_processor"])["callable"]))()
+    assert isinstance(processor, EndAtOutputLength)
+    assert summary["end_at_output_len"] == 2 and summary["skipped_rows"] == 2
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                       "--end-at-output-len", "2", "--fixed-output-len", name="both")
+    assert code == 2 and "choose one" in capsys.readouterr().err
+
+
+def test_end_at_output_len_processor_forbids_the_stop_token_before_the_length_and_forces_it_at_it():
+    import torch
+
+    from specforge_outlets.benchmarking.end_at_length import EndAtOutputLength, end_at_params
+
+    short, long = SimpleNamespace(), SimpleNamespace()  # two requests, 2 and 3 tokens long
+    rows = [{**end_at_params(2, stop_token_id=2), "__req__": short}, None,
+            {**end_at_params(3, stop_token_id=2), "__req__": long}, {"other": 1}]
+    stop_only = [float("-inf")] * 2 + [0.0] + [float("-inf")] * 2
+    no_stop = [0.0, 0.0, float("-inf"), 0.0, 0.0]
+    first = EndAtOutputLength()(torch.zeros(4, 5), rows)  # each call samples one token of each request
+    assert first[0].tolist() == first[2].tolist() == no_stop and first[1].tolist() == first[3].tolist() == [0.0] * 5
+    second = EndAtOutputLength()(torch.zeros(4, 5), rows)  # a new instance per batch, as SGLang makes them
+    assert second[0].tolist() == stop_only and second[2].tolist() == no_stop
+    assert EndAtOutputLength()(torch.zeros(2, 5), rows[2:])[0].tolist() == stop_only
+
+
 def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, capsys):
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "qa", "output_length": 3}])
     code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
@@ -409,7 +450,7 @@ def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, 
         {"outlets_predicted_output_len": 3.0}]
     code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
                              "--oracle-prediction", name="refused")
-    assert code == 2 and "--oracle-prediction needs --fixed-output-len" in capsys.readouterr().err
+    assert code == 2 and "--oracle-prediction needs --fixed-output-len or --end-at-output-len" in capsys.readouterr().err
 
 
 def test_predictions_file_is_sent_with_the_requests_it_names(tmp_path, stub, capsys):

@@ -109,7 +109,8 @@ class TestStock:
 
     @pytest.fixture(scope="class")
     def server(self, chat_target, tmp_path_factory):
-        server = start_server(chat_target, str(tmp_path_factory.mktemp("stock-log")), ["--max-running-requests", "1"])
+        server = start_server(chat_target, str(tmp_path_factory.mktemp("stock-log")),
+                              ["--max-running-requests", "1", "--enable-custom-logit-processor"])
         yield server
         server.stop()
 
@@ -122,6 +123,23 @@ class TestStock:
         # The hooks are applied in every SGLang process (test_sglang_plugin.py proves it) but pass
         # through: no start-up line, no prediction.
         assert "OUTLETS" not in server.log_text()
+
+    def test_end_at_output_len_ends_each_request_at_its_length_under_the_cap(self, server, chat_target):
+        """`outlets bench-serving --end-at-output-len`: exactly the recorded length, with max_new_tokens a cap."""
+        import json
+
+        from specforge_outlets.benchmarking.client import SamplingSettings, generate_payload
+        from specforge_outlets.benchmarking.workload import BenchRequest
+
+        with open(f"{chat_target}/generation_config.json") as handle:
+            stop = json.load(handle)["eos_token_id"]
+        stop = stop[0] if isinstance(stop, list) else stop
+        for length, temperature in ((1, 0.0), (5, 0.0), (23, 1.0)):
+            request = BenchRequest(f"len-{length}", 0.0, 64, length, text=f"{PROMPT} {length}", end_token_id=stop)
+            body = dict(generate_payload(request, SamplingSettings(temperature=temperature)), stream=False)
+            response = server.post("/generate", body)
+            assert len(response["output_ids"]) == length, (length, response["meta_info"])
+            assert response["meta_info"]["finish_reason"]["type"] == "stop"
 
     def test_same_tokens_as_the_outlets_server(self, server):
         tokens = server.generate(PROMPT, max_new_tokens=6)["output_ids"]

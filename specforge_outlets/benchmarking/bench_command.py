@@ -55,9 +55,15 @@ def register(subparsers) -> None:
     parser.add_argument("--fixed-output-len", action="store_true",
                         help="--dataset: generate exactly each row's output_length (ignore_eos), so that runs under "
                              "different policies do the same work")
+    parser.add_argument("--end-at-output-len", type=int, metavar="STOP_TOKEN_ID",
+                        help="--dataset: generate exactly each row's output_length with --max-new-tokens kept as the "
+                             "cap: the server ends the request there by forcing STOP_TOKEN_ID, the model's end-of-turn "
+                             "id (SmolLM2: 2), and forbids it before (a custom logit processor; start the server with "
+                             "--enable-custom-logit-processor). Unlike --fixed-output-len, the server does not learn "
+                             "the lengths from max_new_tokens, which SGLang's lof order and KV admission read")
     parser.add_argument("--oracle-prediction", action="store_true",
-                        help="with --fixed-output-len: send each request's exact length as its prediction "
-                             "(custom_params.outlets_predicted_output_len), the oracle upper bound")
+                        help="with --fixed-output-len or --end-at-output-len: send each request's exact length as its "
+                             "prediction (custom_params.outlets_predicted_output_len), the oracle upper bound")
     parser.add_argument("--predictions", help="--dataset: JSONL of id, predicted_output_len (e.g. outlets eval's "
                                               "predictions/outlets.jsonl) sent with each request it names")
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -89,7 +95,8 @@ def run(args) -> int:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
                                          args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
                                          oracle_prediction=args.oracle_prediction,
-                                         predictions=predictions_by_id(args.predictions) if args.predictions else None)
+                                         predictions=predictions_by_id(args.predictions) if args.predictions else None,
+                                         end_token_id=args.end_at_output_len)
         with_prediction = sum(request.prediction is not None for request in workload.requests)
         if args.predictions and with_prediction < len(workload.requests):
             print(f"warning: --predictions {args.predictions} names {with_prediction} of {len(workload.requests)} "
@@ -120,6 +127,7 @@ def run(args) -> int:
         "short_threshold": args.short_threshold,
         "slo_s": slo or None,
         "max_new_tokens": args.max_new_tokens if args.dataset else "trace output_length (ignore_eos)",
+        "end_at_output_len": args.end_at_output_len,
         "temperature": args.temperature,
         "top_p": args.top_p,
         "tokenizer": args.tokenizer,
@@ -157,16 +165,21 @@ def _validate(args) -> None:
             raise OutletsError("--rate-scale is for --trace; set the dataset's arrival rate with --rate")
         if args.oracle_prediction and args.predictions:
             raise OutletsError("--oracle-prediction and --predictions both set the prediction; choose one")
-        if args.oracle_prediction and not args.fixed_output_len:
-            raise OutletsError("--oracle-prediction needs --fixed-output-len (only then is the length known exactly)")
+        if args.fixed_output_len and args.end_at_output_len is not None:
+            raise OutletsError("--fixed-output-len and --end-at-output-len both fix the output length; choose one")
+        if args.end_at_output_len is not None and args.end_at_output_len < 0:
+            raise OutletsError(f"--end-at-output-len takes the stop token id (>= 0), got {args.end_at_output_len}")
+        if args.oracle_prediction and not (args.fixed_output_len or args.end_at_output_len is not None):
+            raise OutletsError("--oracle-prediction needs --fixed-output-len or --end-at-output-len "
+                               "(only then is the length known exactly)")
     else:
         if args.rate is not None:
             raise OutletsError("--rate is for --dataset; a trace brings its own arrival times (use --rate-scale)")
         if args.raw_prompts:
             raise OutletsError("--raw-prompts is for --dataset; trace prompts are synthetic token ids")
-        if args.fixed_output_len or args.oracle_prediction or args.predictions:
-            raise OutletsError("--fixed-output-len, --oracle-prediction and --predictions are for --dataset; a trace "
-                               "request always generates its output_length")
+        if args.fixed_output_len or args.end_at_output_len is not None or args.oracle_prediction or args.predictions:
+            raise OutletsError("--fixed-output-len, --end-at-output-len, --oracle-prediction and --predictions are for "
+                               "--dataset; a trace request always generates its output_length")
     checks = (
         (args.num_requests is None or args.num_requests >= 1, f"--num-requests must be at least 1, got {args.num_requests}"),
         (args.short_threshold >= 1, f"--short-threshold must be at least 1, got {args.short_threshold}"),

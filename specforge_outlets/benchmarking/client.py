@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional
 
 import httpx
 
+from specforge_outlets.benchmarking.end_at_length import end_at_params, serialized_processor
 from specforge_outlets.benchmarking.workload import BenchRequest
 
 # The plugin's key (sglang_patches/settings.py META_INFO_KEY); read, never required.
@@ -71,10 +72,17 @@ def generate_payload(request: BenchRequest, sampling: SamplingSettings) -> Dict[
         params["top_p"] = sampling.top_p
     if request.ignore_eos:
         params["ignore_eos"] = True
+    custom_params: Dict[str, Any] = {}
     if request.prediction is not None:
-        params["custom_params"] = {PREDICTION_PARAM: request.prediction}
+        custom_params[PREDICTION_PARAM] = request.prediction
+    extra: Dict[str, Any] = {}
+    if request.end_token_id is not None:
+        custom_params.update(end_at_params(request.expected_output_len, request.end_token_id))
+        extra["custom_logit_processor"] = serialized_processor()
+    if custom_params:
+        params["custom_params"] = custom_params
     prompt = {"text": request.text} if request.input_ids is None else {"input_ids": list(request.input_ids)}
-    return {**prompt, "sampling_params": params, "stream": True}
+    return {**prompt, "sampling_params": params, **extra, "stream": True}
 
 
 async def send_request(

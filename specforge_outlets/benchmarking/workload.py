@@ -49,6 +49,7 @@ class BenchRequest:
     input_ids: Optional[Tuple[int, ...]] = None
     ignore_eos: bool = False
     prediction: Optional[float] = None  # sent to the plugin as an external prediction (--oracle-prediction)
+    end_token_id: Optional[int] = None  # --end-at-output-len: the server ends it after expected_output_len tokens
 
     @property
     def prompt_len(self) -> Optional[int]:
@@ -98,14 +99,17 @@ def load_dataset_workload(
     fixed_output_len: bool = False,
     oracle_prediction: bool = False,
     predictions: Optional[Dict[str, float]] = None,
+    end_token_id: Optional[int] = None,
 ) -> Workload:
     """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted.
 
     ``fixed_output_len``: each request generates exactly its row's ``output_length`` (``ignore_eos``),
     as SGLang's benchmark does with ShareGPT, so that runs under different policies do the same work
-    and compare request by request; rows without ``output_length`` are refused. ``oracle_prediction``
-    (with ``fixed_output_len``): the exact length goes to the server as the request's prediction, the
-    upper bound any predictor can reach. ``predictions`` (id -> predicted output length, e.g. from
+    and compare request by request; rows without ``output_length`` are refused. ``end_token_id``: the
+    same work, but ``max_new_tokens`` stays the cap and the server ends each request at its length by
+    forcing this token (``end_at_length``), so that the server does not know the lengths in advance;
+    rows longer than the cap are refused. ``oracle_prediction`` (with either): the exact length goes to
+    the server as the request's prediction, the upper bound any predictor can reach. ``predictions`` (id -> predicted output length, e.g. from
     ``outlets eval``'s ``predictions/<name>.jsonl``): sent with the requests they name, as a router or
     a prefill instance would send them before the request is admitted.
     """
@@ -126,8 +130,12 @@ def load_dataset_workload(
         prompt, problem = _prompt_of(row)
         if problem is None:
             expected, problem = _output_length_of(row, max_new_tokens)
-        if problem is None and fixed_output_len and "output_length" not in row:
-            problem = "no output_length (needed by --fixed-output-len); add it or drop the flag"
+        exact = "--fixed-output-len" if fixed_output_len else "--end-at-output-len" if end_token_id is not None else None
+        if problem is None and exact and "output_length" not in row:
+            problem = f"no output_length (needed by {exact}); add it or drop the flag"
+        if problem is None and end_token_id is not None and expected > max_new_tokens:
+            problem = (f"output_length {expected} is over --max-new-tokens {max_new_tokens} (--end-at-output-len "
+                       "keeps it as the cap); raise the cap")
         if problem is None and str(row.get("id", line_number)) in seen_ids:
             problem = "duplicate id; give each row its own id"
         if problem is not None:
@@ -152,9 +160,12 @@ def load_dataset_workload(
         budget = expected if fixed_output_len else max_new_tokens
         requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len,
                                      prediction=float(expected) if oracle_prediction else (predictions or {}).get(request_id),
-                                     **content))
+                                     end_token_id=end_token_id, **content))
+    output_len = ("dataset output_length (ignore_eos)" if fixed_output_len
+                  else f"dataset output_length, ended by the server at token {end_token_id} under max_new_tokens"
+                  if end_token_id is not None else "until end of turn or max_new_tokens")
     source = {"kind": "dataset", "path": path, "prompts": "raw text" if tokenizer is None else "chat template, token ids",
-              "output_len": "dataset output_length (ignore_eos)" if fixed_output_len else "until end of turn or max_new_tokens"}
+              "output_len": output_len}
     return Workload(source, requests, rate_rps, skipped_rows=len(problems))
 
 
