@@ -235,10 +235,11 @@ class CachedOrderKeys(RequestKeys):
     change: it generates nothing, and aging is linear in arrival time. So they are computed once per
     stay in the queue and stored as plain attributes, and a round reads them with
     ``operator.attrgetter``, with no Python call per request (the tail-safe order rewrites the merge
-    keys of its long class, which move with time). They are dropped whenever they could change (:func:`drop_order_keys`): a
-    new prediction (:func:`set_prediction`), and ``Req.reset_for_retract``, through which every
-    request that ran goes back to a waiting queue (hook in ``ordering.py``). A request without keys
-    (new, or dropped) gets them when an order first reads it.
+    keys of its long class, which move with time). They are dropped whenever they could change
+    (:func:`drop_order_keys`): a new prediction (:func:`set_prediction`), and
+    ``Req.reset_for_retract``, through which every request that ran goes back to a waiting queue
+    (hook in ``ordering.py``). A request without keys (new, or dropped) gets them when an order first
+    reads it.
     """
 
     def __init__(self, config: SchedulingConfig) -> None:
@@ -246,13 +247,6 @@ class CachedOrderKeys(RequestKeys):
         self._sjf_name, self._long_name, self._merge_name = _order_key_names(config)
         self._read_sjf, self._read_long = attrgetter(self._sjf_name), attrgetter(self._long_name)
         self._read_merge = attrgetter(self._merge_name)
-
-    def sjf(self, req) -> Tuple[float, float]:
-        try:
-            return self._read_sjf(req)
-        except AttributeError:
-            self._compute(req)
-            return self._read_sjf(req)
 
     def sorted_by_sjf(self, reqs) -> list:
         return self._read_all(reqs, lambda: sorted(reqs, key=self._read_sjf))

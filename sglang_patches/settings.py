@@ -40,6 +40,8 @@ ENV_ORDER = "OUTLETS_ORDER"
 ENV_LONG_OUTPUT_LEN = "OUTLETS_LONG_OUTPUT_LEN"
 ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
 ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
+# --outlets-kv-margin value that leaves KV admission to SGLang's own estimate
+KV_ADMISSION_OFF = "off"
 ENV_MAX_RETRACTIONS = "OUTLETS_MAX_RETRACTIONS"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
 
@@ -72,11 +74,10 @@ FLAGS = (
     ("--outlets-long-holdback", "outlets_long_holdback", ENV_LONG_HOLDBACK, float,
      f"OUTLETS tail-safe: a predicted-long request that waited W s yields to short ones that arrived within "
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
-    ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
-     "OUTLETS: KV admission by prediction. A running request with a prediction is charged its predicted "
-     "remaining length x (1 + this margin), at most SGLang's own estimate's cap, instead of new_token_ratio x "
-     f"its remaining max_new_tokens (unset: SGLang's estimate; {DEFAULT_KV_MARGIN:g} is the simulator's "
-     "choice)."),
+    ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, str,
+     "OUTLETS: KV admission by prediction. A request with a prediction is charged its predicted remaining "
+     "length x (1 + this margin) of output KV, at most SGLang's own cap, instead of its remaining max_new_tokens "
+     f"(new_token_ratio of it once running). Default {DEFAULT_KV_MARGIN:g}; off: SGLang's estimate."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
      f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
@@ -95,7 +96,7 @@ class PluginSettings:
     scheduling: SchedulingConfig
     order: QueuePolicy
     draft_path: Optional[str]
-    kv_margin: Optional[float] = None  # None: SGLang's own KV estimate
+    kv_margin: Optional[float] = DEFAULT_KV_MARGIN  # None: SGLang's own KV estimate
 
 
 def _env_number(env: Mapping[str, str], name: str, default, kind=float):
@@ -126,13 +127,26 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         raise OutletsSettingsError(
             f"{ENV_ORDER} (--outlets-order)={order_name!r}: choose one of {', '.join(orders)}"
         )
-    kv_margin = None
-    if env.get(ENV_KV_MARGIN):
-        kv_margin = _env_number(env, ENV_KV_MARGIN, 0.0)
-        if not (kv_margin >= 0 and math.isfinite(kv_margin)):
-            raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={kv_margin}: must be a number >= 0")
+    kv_margin = _kv_margin(env.get(ENV_KV_MARGIN) or "")
     draft = env.get(ENV_DRAFT) or None
     return PluginSettings(scheduling=config, order=orders[order_name], draft_path=draft, kv_margin=kv_margin)
+
+
+def _kv_margin(raw: str) -> Optional[float]:
+    """--outlets-kv-margin: unset is the default margin, ``off`` SGLang's own estimate (None)."""
+    raw = raw.strip()
+    if raw.lower() == KV_ADMISSION_OFF:
+        return None
+    if not raw:
+        return DEFAULT_KV_MARGIN
+    try:
+        margin = float(raw)
+    except ValueError:
+        margin = math.nan
+    if not (margin >= 0 and math.isfinite(margin)):
+        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={raw!r}: give a number >= 0, or "
+                                   f"{KV_ADMISSION_OFF} for SGLang's own estimate")
+    return margin
 
 
 def validate_draft_dir(path: str) -> dict:

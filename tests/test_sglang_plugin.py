@@ -594,19 +594,27 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
 
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     offset = PrefillAdder._get_running_request_total_token_offset
-    assert offset(adder, running(300, 100)) == 450  # no margin set: SGLang's 0.5 x (1000 - 100)
+    assert offset(adder, running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
+    for off in ("off", " OFF "):
+        monkeypatch.setenv(ENV_KV_MARGIN, off)
+        state.reset_settings()
+        assert offset(adder, running(300, 100)) == 450  # SGLang's 0.5 x (1000 - 100)
+    monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
+    state.reset_settings()
+    assert offset(adder, running(300, 100)) == 300  # (300 - 100) x 1.5
     monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
     state.reset_settings()
-    assert offset(adder, running(300, 100)) == 240  # (300 - 100) x 1.2
+    assert offset(adder, running(300, 100)) == 240
     assert offset(adder, running(5000, 100)) == 900  # at most what is left of max_new_tokens
     assert offset(adder, running(None, 100)) == 450  # no prediction: SGLang's estimate
     assert offset(adder, running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
     assert offset(adder, running(300, 100)) == 450
-    monkeypatch.setenv(ENV_KV_MARGIN, "-1")
-    state.reset_settings()
-    with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN"):
-        read_settings()
+    for bad in ("-1", "inf", "twenty"):
+        monkeypatch.setenv(ENV_KV_MARGIN, bad)
+        state.reset_settings()
+        with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN.*or off"):
+            read_settings()
 
 
 def test_kv_admission_by_prediction_charges_a_request_being_admitted_its_predicted_remaining(plugins_loaded,
