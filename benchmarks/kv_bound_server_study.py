@@ -1,0 +1,331 @@
+"""Real SGLang servers whose KV cache binds: admission and retraction under learned predictions (issue 13).
+
+The simulated study (``serving_study_sharegpt.py``) found that where the KV cache binds, admission by
+predicted length is where predictions pay. This checks it on real SGLang 0.5.23 servers on this CPU,
+side by side with SGLang's own ``fcfs`` and ``lof``:
+
+- **Requests**: ``--requests`` of the label set's 595 ShareGPT test requests (seeded draw), each with
+  its real first-turn prompt (read from ``../shared``, never copied) in SmolLM2's chat template, and
+  each generating exactly the length SmolLM2 gave it at regeneration, under the label set's
+  ``max_new_tokens`` cap of 2048 (``outlets bench-serving --end-at-output-len``: the server ends the
+  request there, so neither ``lof`` nor SGLang's reservation learns the lengths). All at once.
+- **Target**: a random 2-layer Llama with SmolLM2's tokenizer and vocabulary (``--model-path``
+  takes SmolLM2 itself, at 5-30 tokens/s here). Its forward costs little, so a run takes seconds,
+  and the scheduler's admission, retraction and order decide the latencies, as on a GPU whose
+  decode step costs about the same at any batch size. The work (prompt and output tokens) is
+  the real workload's.
+- **KV cache**: ``--max-total-tokens`` tokens (default 8,192; the requests' prompts and outputs
+  need about three times that in all). SGLang's admission reserves ``new_token_ratio`` (0.7,
+  decaying) of each running request's remaining ``max_new_tokens``, so with the 2,048 cap only a
+  few run at once; the plugin's admission by prediction reserves the predicted remaining length
+  instead, and SGLang retracts when the cache overflows.
+- **Servers**: ``fcfs``, ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
+  ``tail-safe`` (the default) and ``sjf``, each without and with KV admission by prediction
+  (``--outlets-kv-margin 0.2``).
+- **Predictions** sent with each request (``custom_params``, what a router or prefill instance
+  would send): none (the prior), the best static baseline (``bert``), OUTLETS r̂₀ (both from
+  ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz``), and the exact length (oracle).
+  Predictor-only mode (the draft predicting inside the server) needs SmolLM2's features, so it
+  runs only with ``--model-path`` SmolLM2 and ``--draft``.
+
+Every (server, predictor) runs ``--repetitions`` times, predictors interleaved on one server, and
+the report gives the median and the range. Retractions are counted from the server's own log lines.
+Stages, each resumable (a finished run is kept and skipped):
+
+    .venv/bin/python benchmarks/kv_bound_server_study.py run       # runs/kv-bound-server/
+    .venv/bin/python benchmarks/kv_bound_server_study.py report    # benchmarks/data/kv-bound-server/
+    .venv/bin/python benchmarks/kv_bound_server_study.py plot      # docs/figures/kv-bound-server.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.data.jsonl import write_jsonl  # noqa: E402
+from specforge_outlets.serving.summary import read_summary  # noqa: E402
+
+SERVE_PYTHON = os.path.join(REPO, ".venv-serve", "bin", "python")
+LABEL_SET = os.path.join(REPO, "benchmarks", "data", "sharegpt-smollm2")
+PREDICTIONS = os.path.join(LABEL_SET, "eval", "predictions.jsonl.gz")
+SHARED = os.environ.get("OUTLETS_SHARED_DIR", os.path.join(REPO, "..", "shared"))
+PROMPTS = os.path.join(SHARED, "data", "prompts", "sharegpt_first_turn_2978.jsonl")
+RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-server")
+RESULTS = os.path.join(REPO, "benchmarks", "data", "kv-bound-server")
+FIGURE = os.path.join(REPO, "docs", "figures", "kv-bound-server.png")
+MAX_NEW_TOKENS = 2048  # the label set's generation limit: the cap every request is sent with
+END_TOKEN_ID = 2  # SmolLM2's <|im_end|>, where an assistant turn ends (its generation config's eos_token_id)
+SHORT_THRESHOLD = 800  # short requests: fewer output tokens; also the tail-safe long class
+KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
+OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
+KV_BY_PREDICTION = ["--outlets-kv-margin", KV_MARGIN]
+# server name -> its flags; stock servers ignore predictions, so they run with none only
+SERVERS: Dict[str, List[str]] = {
+    "fcfs": ["--schedule-policy", "fcfs"],
+    "lof": ["--schedule-policy", "lof"],
+    "outlets tail-safe": OUTLETS,
+    "outlets sjf": OUTLETS + ["--outlets-order", "sjf"],
+    "outlets tail-safe + KV by prediction": OUTLETS + KV_BY_PREDICTION,
+    "outlets sjf + KV by prediction": OUTLETS + ["--outlets-order", "sjf"] + KV_BY_PREDICTION,
+}
+PREDICTORS = ("none", "bert", "outlets", "oracle")
+
+
+def predictors_of(server_name: str) -> tuple:
+    """The predictors each server runs with: the controlled study (every predictor) on ``outlets sjf``.
+
+    Stock servers ignore predictions; the tail-safe order runs without one, with OUTLETS' and with
+    the oracle's, and KV admission by prediction with OUTLETS' and the oracle's (this CPU's time).
+    """
+    if not server_name.startswith("outlets"):
+        return ("none",)
+    if "KV" in server_name:
+        return ("outlets", "oracle")
+    return PREDICTORS if server_name == "outlets sjf" else ("none", "outlets", "oracle")
+RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+# -- the workload -----------------------------------------------------------------------------------
+
+
+def write_workload(directory: str, count: int, seed: int) -> str:
+    """dataset.jsonl (id, prompt, output_length) and one predictions file per predictor; returns the dataset."""
+    dataset = os.path.join(directory, "dataset.jsonl")
+    if os.path.exists(dataset):
+        return dataset
+    if not os.path.exists(PROMPTS):
+        raise SystemExit(f"{PROMPTS} is missing: this study sends the real ShareGPT prompts (set OUTLETS_SHARED_DIR)")
+    with gzip.open(PREDICTIONS, "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    drawn = random.Random(seed).sample(rows, count)
+    prompts = {}
+    wanted = {row["id"] for row in drawn}
+    with open(PROMPTS, encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            if row["id"] in wanted:
+                prompts[row["id"]] = row["prompt"]
+    missing = sorted(wanted - set(prompts))
+    if missing:
+        raise SystemExit(f"{PROMPTS} lacks {len(missing)} test request(s), first {missing[0]}: not the label set's prompts")
+    for predictor in ("bert", "outlets"):
+        write_jsonl(os.path.join(directory, f"predictions-{predictor}.jsonl"),
+                    [{"id": row["id"], "predicted_output_len": row["static"][predictor]} for row in drawn])
+    write_jsonl(dataset, [{"id": row["id"], "prompt": prompts[row["id"]], "output_length": int(row["true_output_len"])}
+                          for row in drawn])
+    return dataset
+
+
+def make_target(directory: str) -> str:
+    """A random 2-layer Llama with SmolLM2's tokenizer, vocabulary and end of turn."""
+    if os.path.exists(os.path.join(directory, "config.json")):
+        return directory
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from specforge_outlets.data.targets import ensure_smollm2
+
+    smollm2 = str(ensure_smollm2())
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         bos_token_id=1, eos_token_id=END_TOKEN_ID, pad_token_id=0, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=END_TOKEN_ID, pad_token_id=0)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# -- 1. run -----------------------------------------------------------------------------------------
+
+
+def run(args) -> None:
+    from specforge_outlets.cli import main as outlets
+    from tests.sglang_harness.server import SGLangServer
+
+    os.makedirs(args.runs_dir, exist_ok=True)
+    dataset = write_workload(args.runs_dir, args.requests, args.seed)
+    model = args.model_path or make_target(os.path.join(args.runs_dir, "target"))
+    common = ["--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", "64",
+              "--disable-radix-cache", "--enable-custom-logit-processor"]
+    if args.draft:
+        common += ["--outlets-draft-path", os.path.abspath(args.draft)]
+    for server_name in args.servers:
+        predictors = predictors_of(server_name)
+        pending = [(repetition, predictor) for repetition in range(args.repetitions) for predictor in predictors
+                   if not os.path.exists(os.path.join(run_dir(args, server_name, predictor, repetition), "summary.json"))]
+        if not pending:
+            print(f"{server_name}: done")
+            continue
+        log_path = os.path.join(args.runs_dir, f"{slug(server_name)}.server.log")
+        with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON) as server:
+            print(f"{server_name}: server up in {server.start_seconds:.0f} s", flush=True)
+            for repetition, predictor in pending:
+                out = run_dir(args, server_name, predictor, repetition)
+                log_start = os.path.getsize(log_path)
+                sent = {"none": [], "oracle": ["--oracle-prediction"]}.get(
+                    predictor, ["--predictions", os.path.join(args.runs_dir, f"predictions-{predictor}.jsonl")])
+                started = time.monotonic()
+                code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", "inf",
+                                "--tokenizer", model, "--end-at-output-len", str(END_TOKEN_ID),
+                                "--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0",
+                                "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "1800",
+                                "--label", f"{server_name} | {predictor}", "--output", out + ".partial"] + sent)
+                if code != 0:
+                    raise SystemExit(f"{server_name} | {predictor} #{repetition}: bench-serving exited {code}; "
+                                     f"see {out}.partial and {log_path}")
+                with open(log_path, encoding="utf-8", errors="replace") as handle:
+                    handle.seek(log_start)
+                    retracted = sum(int(count) for count in RETRACTED.findall(handle.read()))
+                write_text_atomic(os.path.join(out + ".partial", "retractions.json"), json.dumps({"retracted": retracted}))
+                os.replace(out + ".partial", out)  # a run counts as done only when all of it is there
+                print(f"{server_name} | {predictor} #{repetition}: {time.monotonic() - started:.0f} s, "
+                      f"{retracted} retracted", flush=True)
+
+
+def run_dir(args, server_name: str, predictor: str, repetition: int) -> str:
+    return os.path.join(args.runs_dir, slug(server_name), predictor, f"rep{repetition}")
+
+
+# -- 2. report --------------------------------------------------------------------------------------
+
+METRICS = (  # (column, path in summary.json's metrics)
+    ("throughput tok/s", ("all", "throughput_tok_s")),
+    ("short P99 s", ("short", "e2e_p99_s")),
+    ("long P99 s", ("long", "e2e_p99_s")),
+    ("short mean s", ("short", "e2e_mean_s")),
+    ("all mean s", ("all", "e2e_mean_s")),
+    ("TTFT P99 s", ("all", "ttft_p99_s")),
+    ("TPOT P99 s", ("all", "tpot_p99_s")),
+)
+
+
+def report(args) -> None:
+    rows = []
+    for server_name in SERVERS:
+        for predictor in predictors_of(server_name):
+            runs = []
+            for repetition in range(args.repetitions):
+                out = run_dir(args, server_name, predictor, repetition)
+                if not os.path.exists(os.path.join(out, "summary.json")):
+                    continue
+                metrics = read_summary(out)["runs"][0]["metrics"]
+                with open(os.path.join(out, "retractions.json")) as handle:
+                    retracted = json.load(handle)["retracted"]
+                runs.append({"metrics": {column: metric(metrics, path) for column, path in METRICS},
+                             "retracted": retracted, "requests": metrics["all"]["requests"],
+                             "failed": metrics["all"]["failed"]})
+            if runs:
+                rows.append({"server": server_name, "predictor": predictor, "runs": runs})
+    if not rows:
+        raise SystemExit(f"no finished run under {args.runs_dir}; run the `run` stage first")
+    result = {"command": "python benchmarks/kv_bound_server_study.py " + " ".join(sys.argv[1:]),
+              "requests": args.requests, "seed": args.seed, "max_total_tokens": args.max_total_tokens,
+              "model": args.model_path or "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
+    os.makedirs(RESULTS, exist_ok=True)
+    write_text_atomic(os.path.join(RESULTS, "result.json"), json.dumps(result, indent=1))
+    write_text_atomic(os.path.join(RESULTS, "report.md"), render(result))
+    print(render(result))
+
+
+def metric(metrics: dict, path) -> Optional[float]:
+    value = metrics.get(path[0], {}).get(path[1])
+    return None if value is None else float(value)
+
+
+def summary_of(row: dict, column: str) -> tuple:
+    values = [run["metrics"][column] for run in row["runs"] if run["metrics"][column] is not None]
+    return (statistics.median(values), min(values), max(values)) if values else (None, None, None)
+
+
+def render(result: dict) -> str:
+    fcfs = next((row for row in result["rows"] if row["server"] == "fcfs"), None)
+    lines = [f"# KV-bound real servers ({result['requests']} requests, --max-total-tokens {result['max_total_tokens']})",
+             "", f"`{result['command']}`; {result['model']}. Median of the runs, [min-max] in brackets; "
+             "ratios to fcfs's median.", "",
+             "| server | predictions | runs | " + " | ".join(column for column, _ in METRICS) + " | retracted |",
+             "|---|---|---:|" + "---:|" * (len(METRICS) + 1)]
+    for row in result["rows"]:
+        cells = []
+        for column, _ in METRICS:
+            median, low, high = summary_of(row, column)
+            if median is None:
+                cells.append("n/a")
+                continue
+            ratio = ""
+            if fcfs is not None and row is not fcfs and summary_of(fcfs, column)[0]:
+                ratio = f" (x{median / summary_of(fcfs, column)[0]:.2f})"
+            cells.append(f"{median:.2f} [{low:.2f}-{high:.2f}]{ratio}")
+        retracted = [run["retracted"] for run in row["runs"]]
+        lines.append(f"| {row['server']} | {row['predictor']} | {len(row['runs'])} | " + " | ".join(cells)
+                     + f" | {statistics.median(retracted):g} [{min(retracted)}-{max(retracted)}] |")
+    return "\n".join(lines) + "\n"
+
+
+# -- 3. plot ----------------------------------------------------------------------------------------
+
+
+def plot(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(RESULTS, "result.json")) as handle:
+        result = json.load(handle)
+    rows = result["rows"]
+    labels = [f"{row['server']}\n{row['predictor']}" for row in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5.5), sharey=True)
+    for axis, column in zip(axes, ("short P99 s", "long P99 s", "throughput tok/s")):
+        medians = [summary_of(row, column) for row in rows]
+        values = [m[0] or 0 for m in medians]
+        errors = [[(m[0] or 0) - (m[1] or 0) for m in medians], [(m[2] or 0) - (m[0] or 0) for m in medians]]
+        axis.barh(range(len(rows)), values, xerr=errors, color=["0.6" if row["server"] in ("fcfs", "lof") else
+                                                                "C0" if "KV" not in row["server"] else "C1"
+                                                                for row in rows])
+        axis.set(title=column, xlabel=column)
+    axes[0].set_yticks(range(len(rows)), labels, fontsize=7)
+    axes[0].invert_yaxis()
+    fig.suptitle(f"KV-bound SGLang servers on CPU: {result['requests']} ShareGPT requests at SmolLM2's lengths, "
+                 f"KV cache {result['max_total_tokens']} tokens (median, range over repetitions)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.figure, dpi=110)
+    print(f"wrote {args.figure}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("stage", choices=("run", "report", "plot"))
+    parser.add_argument("--runs-dir", default=RUNS_DIR)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--max-total-tokens", type=int, default=8192)
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    parser.add_argument("--model-path", help="target directory (default: the random Llama with SmolLM2's tokenizer)")
+    parser.add_argument("--draft", help="an `outlets export` for --model-path: predictor-only mode in every outlets server")
+    parser.add_argument("--figure", default=FIGURE)
+    args = parser.parse_args()
+    {"run": run, "report": report, "plot": plot}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()
