@@ -5,7 +5,8 @@ when the harness puts this directory on a server's ``PYTHONPATH`` (``SGLangServe
 
 - ``get_new_batch_prefill`` is where a round orders the waiting list (``calc_priority``, with the
   OUTLETS hook inside it) and admits from it. Every ``EVERY`` calls it logs one line with their
-  mean time and the waiting-queue length, which ``benchmarks/scheduler_server_check.py`` reads.
+  mean time, the waiting-queue length and the mean time of the OUTLETS plugin's sort inside it, which
+  ``benchmarks/scheduler_server_check.py`` reads.
 - A decode step is ``Scheduler.run_batch`` (the forward: with EAGLE-3 the draft, the verify, the
   draft extend and the plugin's head read) plus ``Scheduler.process_batch_result`` (committing the
   tokens, where the plugin sets the estimates). Per batch size, every ``EVERY_DECODE`` steps, one line
@@ -21,6 +22,7 @@ EVERY = 50
 EVERY_DECODE = 10
 logger = logging.getLogger("outlets_harness_timer")
 _calls, _seconds = [0], [0.0]
+_order_seconds = [0.0]  # of that, in the OUTLETS plugin's sort of the waiting list
 _decode = defaultdict(lambda: [0, 0.0, 0.0])  # batch size -> [steps, step seconds, plugin seconds]
 _plugin_seconds = [0.0]
 
@@ -31,9 +33,10 @@ def _timed(original, self, *args, **kwargs):
     _seconds[0] += time.perf_counter() - start
     _calls[0] += 1
     if _calls[0] == EVERY:
-        logger.warning("HARNESS prefill scheduling: calls=%d mean_ms=%.4f queue=%d",
-                       _calls[0], 1e3 * _seconds[0] / _calls[0], len(self.waiting_queue))
-        _calls[0], _seconds[0] = 0, 0.0
+        logger.warning("HARNESS prefill scheduling: calls=%d mean_ms=%.4f queue=%d order_ms=%.4f",
+                       _calls[0], 1e3 * _seconds[0] / _calls[0], len(self.waiting_queue),
+                       1e3 * _order_seconds[0] / _calls[0])
+        _calls[0], _seconds[0], _order_seconds[0] = 0, 0.0, 0.0
     return result
 
 
@@ -68,13 +71,13 @@ def _timed_commit(original, self, batch, *args, **kwargs):
     return result
 
 
-def _counted(function):
+def _counted(function, into=_plugin_seconds):
     def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
-            _plugin_seconds[0] += time.perf_counter() - start
+            into[0] += time.perf_counter() - start
 
     return timed
 
@@ -87,8 +90,9 @@ def load() -> None:
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result", _timed_commit,
                           HookType.AROUND)
     try:
-        from sglang_patches import speculative
+        from sglang_patches import ordering, speculative
     except ImportError:  # timing stock SGLang
         return
+    ordering.sort_waiting = _counted(ordering.sort_waiting, into=_order_seconds)
     speculative.attach_estimates = _counted(speculative.attach_estimates)
     speculative.HostDraftLengthEstimates.consume = _counted(speculative.HostDraftLengthEstimates.consume)
