@@ -80,13 +80,13 @@ def queue_lengths(log_text: str) -> List[int]:
 
 
 def prefill_scheduling_ms(log_text: str, min_queue: int) -> Dict[str, float]:
-    """Mean time of SGLang's get_new_batch_prefill (ordering + admission) and of the OUTLETS sort in it, from the harness timer's lines."""
+    """Mean time of SGLang's get_new_batch_prefill (ordering + admission) and of the sort in it (OUTLETS' or lof's), from the harness timer's lines."""
     blocks = [(float(ms), int(queue), float(order)) for ms, queue, order in
               re.findall(r"HARNESS prefill scheduling: calls=\d+ mean_ms=([\d.]+) queue=(\d+) order_ms=([\d.]+)",
                          log_text)]
     long = [(ms, order) for ms, queue, order in blocks if queue >= min_queue]
     return {"prefill scheduling ms at long queue": sum(ms for ms, _ in long) / len(long) if long else float("nan"),
-            "outlets sort ms at long queue": sum(order for _, order in long) / len(long) if long else float("nan"),
+            "sort ms at long queue": sum(order for _, order in long) / len(long) if long else float("nan"),
             "prefill scheduling blocks at long queue": len(long)}
 
 

@@ -5,8 +5,8 @@ when the harness puts this directory on a server's ``PYTHONPATH`` (``SGLangServe
 
 - ``get_new_batch_prefill`` is where a round orders the waiting list (``calc_priority``, with the
   OUTLETS hook inside it) and admits from it. Every ``EVERY`` calls it logs one line with their
-  mean time, the waiting-queue length and the mean time of the OUTLETS plugin's sort inside it, which
-  ``benchmarks/scheduler_server_check.py`` reads.
+  mean time, the waiting-queue length and the mean time of the sort inside it (the OUTLETS plugin's,
+  or SGLang's ``lof``), which ``benchmarks/scheduler_server_check.py`` reads.
 - A decode step is ``Scheduler.run_batch`` (the forward: with EAGLE-3 the draft, the verify, the
   draft extend and the plugin's head read) plus ``Scheduler.process_batch_result`` (committing the
   tokens, where the plugin sets the estimates). Per batch size, every ``EVERY_DECODE`` steps, one line
@@ -22,7 +22,7 @@ EVERY = 50
 EVERY_DECODE = 10
 logger = logging.getLogger("outlets_harness_timer")
 _calls, _seconds = [0], [0.0]
-_order_seconds = [0.0]  # of that, in the OUTLETS plugin's sort of the waiting list
+_order_seconds = [0.0]  # of that, in the sort of the waiting list (the OUTLETS plugin's, or SGLang's lof)
 _decode = defaultdict(lambda: [0, 0.0, 0.0])  # batch size -> [steps, step seconds, plugin seconds]
 _plugin_seconds = [0.0]
 
@@ -89,6 +89,10 @@ def load() -> None:
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.run_batch", _timed_forward, HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result", _timed_commit,
                           HookType.AROUND)
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    SchedulePolicy._sort_by_longest_output = staticmethod(
+        _counted(SchedulePolicy._sort_by_longest_output, into=_order_seconds))
     try:
         from sglang_patches import ordering, speculative
     except ImportError:  # timing stock SGLang
