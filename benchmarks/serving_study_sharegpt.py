@@ -85,9 +85,16 @@ def read_label_set_predictions() -> List[dict]:
         return [json.loads(line) for line in handle]
 
 
+def already_written(path: str) -> bool:
+    """A stage whose output exists is skipped (delete the file to run it again)."""
+    if os.path.exists(path):
+        print(f"skip (exists): {path}")
+        return True
+    return False
+
+
 def workload(args) -> None:
-    if os.path.exists(REQUESTS):
-        print(f"skip (exists): {REQUESTS}")
+    if already_written(REQUESTS):
         return
     if not os.path.exists(PROMPTS):
         raise SystemExit(f"{PROMPTS} is missing: the prompt lengths are measured once on the shared ShareGPT "
@@ -165,8 +172,7 @@ def cluster_for(name: str, admission: KVAdmission, kv_capacity: int):
 
 def simulate(args) -> None:
     path = os.path.join(args.output, "result.json")
-    if os.path.exists(path):
-        print(f"skip (exists): {path}")
+    if already_written(path):
         return
     work = Workload()
     rows = []
@@ -205,8 +211,7 @@ WAITS = ("prefill_queue", "transfer", "decode_queue")
 
 def breakdown(args) -> None:
     path = os.path.join(args.output, "breakdown.json")
-    if os.path.exists(path):
-        print(f"skip (exists): {path}")
+    if already_written(path):
         return
     work = Workload()
     base = cluster_for("1P+3D", KVAdmission.MAX_NEW_TOKENS, args.kv_capacity)

@@ -16,6 +16,7 @@ from the installed package.
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from typing import Any, Dict, List, Optional
@@ -52,6 +53,7 @@ class EndAtOutputLength:
         return logits
 
 
+@functools.lru_cache(maxsize=None)
 def serialized_processor() -> str:
     """The processor as SGLang's ``custom_logit_processor`` field wants it (``CustomLogitProcessor.to_str``'s format)."""
     return json.dumps({"callable": pickle.dumps(EndAtOutputLength).hex()})

@@ -157,15 +157,20 @@ def _time_ordinals(times: Sequence[float]) -> List[int]:
     ordinals = array("q", array("d", times).tobytes())  # non-negative floats: ascending as their floats
     if not ordinals or min(ordinals) >= 0:
         return list(ordinals)
-    # a negative float (sign bit set) is -2**63 + magnitude as an int64; -0.0 becomes 0, as +0.0
-    return [ordinal if ordinal >= 0 else -(ordinal + 2 ** 63) for ordinal in ordinals]
+    return list(map(_signed_ordinal, ordinals))
+
+
+def _signed_ordinal(bits: int) -> int:
+    """An IEEE-754 bit pattern read as an int64, made to order as its float.
+
+    A negative float (sign bit set) reads as -2**63 + magnitude; -0.0 becomes 0, as +0.0."""
+    return bits if bits >= 0 else -(bits + 2 ** 63)
 
 
 def short_merge_key(arrival_time: float) -> int:
     """:func:`tail_safe_long_merge_keys`' counterpart for a short-class request: its arrival time, tie class 1."""
-    ordinal = int.from_bytes(struct.pack("<d", arrival_time), "little", signed=True)  # as _time_ordinals
-    if ordinal < 0:
-        ordinal = -(ordinal + 2 ** 63)
+    # one float: struct, not _time_ordinals' two arrays (computed once per request entering the queue)
+    ordinal = _signed_ordinal(int.from_bytes(struct.pack("<d", arrival_time), "little", signed=True))
     return (ordinal << _TIME_SHIFT) | (1 << _RANK_BITS)
 
 
