@@ -18,8 +18,9 @@ request rate. Measured in one process, interleaved, medians over repetitions (se
   prompt's captured features, on this CPU, one thread, if an ``outlets export`` directory is given
   (``--draft``; default: the ShareGPT benchmark's trained draft).
 
-The requests are stand-ins with the fields these functions read (``Req`` itself needs a running
-scheduler); SGLang's functions and the plugin's hooks are the real ones.
+The requests are SGLang's own ``Req`` objects (about 160 attributes each, as the scheduler holds
+them: an order that reads attributes pays for their size), and SGLang's functions and the plugin's
+hooks are the real ones.
 
     .venv-serve/bin/python benchmarks/scheduler_overhead.py measure --output benchmarks/data/scheduler-overhead
     .venv/bin/python benchmarks/scheduler_overhead.py plot benchmarks/data/scheduler-overhead/result.json
@@ -77,6 +78,9 @@ class RequestFactory:
         self.clock = time.monotonic() - 2 * expected_s
 
     def make(self):
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
         from sglang_patches import predictions as P
 
         rng = self.rng
@@ -84,11 +88,9 @@ class RequestFactory:
         self.clock += rng.expovariate(ARRIVAL_RATE)
         output_len = min(int(rng.lognormvariate(5.3, 1.0)) + 1, 4096)
         predicted = output_len * rng.lognormvariate(0.0, 0.4)
-        req = SimpleNamespace(
-            rid=f"r{self.count}", origin_input_ids=[0] * rng.randint(16, 1024), output_ids=[],
-            num_matched_prefix_tokens=0, arrival_processed_tokens=self.count * 300, customized_info=None,
-            time_stats=SimpleNamespace(wait_queue_entry_time=self.clock),
-            sampling_params=SimpleNamespace(max_new_tokens=output_len, custom_params=None, ignore_eos=False))
+        req = Req(f"r{self.count}", "", [0] * rng.randint(16, 1024), SamplingParams(max_new_tokens=output_len))
+        req.time_stats.wait_queue_entry_time = self.clock
+        req.arrival_processed_tokens = self.count * 300
         req.outlets_arrival_time = self.clock
         P.set_prediction(req, predicted, "external")
         return req

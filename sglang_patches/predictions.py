@@ -206,36 +206,51 @@ def remaining(req, config: SchedulingConfig) -> float:
     return value
 
 
-# The attribute names of the order keys cached for each scheduling config: (SJF key, predicted
-# long, tail-safe merge key); one triple per distinct config, so that keys cached for another
-# config are never read.
-_ORDER_KEY_NAMES: Dict[SchedulingConfig, Tuple[str, str, str]] = {}
+# Entries a key table may hold beyond the list it last ordered (requests that left the queue:
+# admitted, finished) before it is cut back to that list; bounds the finished requests it keeps alive.
+KEY_TABLE_SLACK = 1024
 
 
-def _order_key_names(config: SchedulingConfig) -> Tuple[str, str, str]:
-    if config not in _ORDER_KEY_NAMES:
-        serial = len(_ORDER_KEY_NAMES)
-        _ORDER_KEY_NAMES[config] = tuple(f"outlets_{key}_{serial}" for key in ("sjf_key", "long", "merge_key"))
-    return _ORDER_KEY_NAMES[config]
+class _KeyTable:
+    """The order keys of waiting requests under one scheduling config, by request."""
+
+    def __init__(self) -> None:
+        self.sjf: Dict[object, tuple] = {}  # request -> sjf_sort_key
+        self.long: Dict[object, bool] = {}  # request -> is_predicted_long
+        self.merge: Dict[object, int] = {}  # request -> tail-safe merge key
+
+    def drop(self, req) -> None:
+        for table in (self.sjf, self.long, self.merge):
+            table.pop(req, None)
+
+    def keep_only(self, reqs) -> None:
+        for name in ("sjf", "long", "merge"):
+            table = getattr(self, name)
+            setattr(self, name, {req: table[req] for req in reqs if req in table})
+
+
+# One key table per scheduling config in this process, shared by its providers, so that keys
+# computed for another config are never read.
+_KEY_TABLES: Dict[SchedulingConfig, _KeyTable] = {}
 
 
 def drop_order_keys(req) -> None:
     """Forget a request's cached order keys: its prediction changed, or it ran and may come back with more tokens."""
-    attributes = getattr(req, "__dict__", None)
-    if attributes is not None:
-        for names in _ORDER_KEY_NAMES.values():
-            for name in names:
-                attributes.pop(name, None)
+    for table in _KEY_TABLES.values():
+        table.drop(req)
 
 
 class CachedOrderKeys(RequestKeys):
-    """Order keys of SGLang requests, cached on each request while it waits and sorted by at C speed.
+    """Order keys of SGLang requests, computed once per stay in the waiting list and sorted by at C speed.
 
     SGLang re-sorts its waiting list every scheduling round, and a waiting request's keys cannot
-    change: it generates nothing, and aging is linear in arrival time. So they are computed once per
-    stay in the queue and stored as plain attributes, and a round reads them with
-    ``operator.attrgetter``, with no Python call per request (the tail-safe order rewrites the merge
-    keys of its long class, which move with time). They are dropped whenever they could change
+    change: it generates nothing, and aging is linear in arrival time. So they are computed once
+    and kept in dicts keyed by the request (SGLang's ``Req`` hashes by identity), and a round sorts
+    with ``dict.__getitem__`` as the key, with no Python call per request. The keys are kept beside
+    the requests rather than on them: a ``Req`` has about 160 attributes, and reading one of each
+    touches memory all over the heap, which made the same sort twice as slow inside a server as on
+    small stand-ins (docs/results.md, "hot path"). The tail-safe order rewrites the merge keys of its
+    long class, which move with time. Keys are dropped whenever they could change
     (:func:`drop_order_keys`): a new prediction (:func:`set_prediction`), and
     ``Req.reset_for_retract``, through which every request that ran goes back to a waiting queue
     (hook in ``ordering.py``). A request without keys (new, or dropped) gets them when an order first
@@ -244,45 +259,52 @@ class CachedOrderKeys(RequestKeys):
 
     def __init__(self, config: SchedulingConfig) -> None:
         super().__init__(config)
-        self._sjf_name, self._long_name, self._merge_name = _order_key_names(config)
-        self._read_sjf, self._read_long = attrgetter(self._sjf_name), attrgetter(self._long_name)
-        self._read_merge = attrgetter(self._merge_name)
+        self._table = _KEY_TABLES.setdefault(config, _KeyTable())
 
     def sorted_by_sjf(self, reqs) -> list:
-        return self._read_all(reqs, lambda: sorted(reqs, key=self._read_sjf))
+        return self._read_all(reqs, lambda: sorted(reqs, key=self._table.sjf.__getitem__))
 
     def predicted_long(self, reqs) -> list:
-        return self._read_all(reqs, lambda: list(compress(reqs, map(self._read_long, reqs))))
+        return self._read_all(reqs, lambda: list(compress(reqs, map(self._table.long.__getitem__, reqs))))
 
     def arrivals(self, reqs) -> List[float]:
         # the stamp the cached keys were computed from: set once (stamp_arrival), read at C speed
         return list(map(_read_arrival, reqs))
 
     def sorted_by_merge_key(self, reqs, long_reqs, long_keys) -> list:
-        for req, key in zip(long_reqs, long_keys):  # the short class's keys were cached with the rest
-            setattr(req, self._merge_name, key)
-        return sorted(reqs, key=self._read_merge)
+        merge = self._table.merge
+        merge.update(zip(long_reqs, long_keys))  # the short class's keys were cached with the rest
+        return sorted(reqs, key=merge.__getitem__)
 
     def _read_all(self, reqs, read):
         """``read()`` of a round's first pass over the list, after the keys of requests without them are computed."""
         # Requests join at the end of the list (new arrivals, retractions): fill those in first, so
         # that the common round reads once; a request without keys anywhere else makes the read
         # raise, and then every request is checked.
+        table = self._table
         for req in reversed(reqs):
-            if hasattr(req, self._sjf_name):
+            if req in table.sjf:
                 break
             self._compute(req)
         try:
-            return read()
-        except AttributeError:
+            result = read()
+        except KeyError:
             for req in reqs:
-                if not hasattr(req, self._sjf_name):
+                if req not in table.sjf:
                     self._compute(req)
-            return read()
+            result = read()
+        if len(table.sjf) > len(reqs) + KEY_TABLE_SLACK:
+            table.keep_only(reqs)
+        return result
 
     def _compute(self, req) -> None:
         stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
         arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), num_generated(req)
-        setattr(req, self._sjf_name, sjf_sort_key(predicted, generated, arrival, self.config))
-        setattr(req, self._long_name, is_predicted_long(predicted, generated, self.config))
-        setattr(req, self._merge_name, short_merge_key(arrival))  # a long request's is set by each order
+        table = self._table
+        try:
+            table.sjf[req] = sjf_sort_key(predicted, generated, arrival, self.config)
+        except TypeError as error:
+            raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(req).__name__} must hash by "
+                            f"identity, as SGLang's Req does: {error}") from error
+        table.long[req] = is_predicted_long(predicted, generated, self.config)
+        table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order

@@ -60,8 +60,15 @@ def clean_env(monkeypatch):
     state.reset_settings()
 
 
+class StandInReq(SimpleNamespace):
+    """A stand-in ``Req``: hashed and compared by identity, as SGLang's is (the order keeps keys by request)."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
 def request(rid, predicted=None, arrival=0.0, generated=0, custom=None):
-    req = SimpleNamespace(rid=rid, output_ids=[0] * generated, customized_info=None,
+    req = StandInReq(rid=rid, output_ids=[0] * generated, customized_info=None,
                           sampling_params=SimpleNamespace(custom_params=custom))
     req.outlets_arrival_time = arrival
     if predicted is not None:
@@ -253,9 +260,12 @@ def sglang_request(rid, predicted=None, arrival=0.0):
     return req
 
 
+@pytest.mark.parametrize("slack", [None, 5])
 @pytest.mark.parametrize("order", ["sjf", "tail-safe"])
-def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order):
-    """Keys cached on requests across rounds never go stale: new arrivals, admissions, late predictions, retractions."""
+def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order, slack):
+    """Cached keys never go stale: new arrivals, admissions, late predictions, retractions; the table stays bounded."""
+    if slack is not None:  # the key table is cut back to the queue almost every round
+        monkeypatch.setattr(P, "KEY_TABLE_SLACK", slack)
     monkeypatch.setenv(ENV_ORDER, order)
     monkeypatch.setenv(ENV_LONG_HOLDBACK, "0.3")
     state.reset_settings()
@@ -283,6 +293,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
+        assert len(P._KEY_TABLES[config].sjf) <= len(queue) + P.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
 
 
