@@ -215,6 +215,29 @@ def test_timeout_counts_as_failure(tmp_path):
     assert [record["success"] for record in records] == [True, False] and "timeout" in records[1]["error"]
 
 
+def test_inter_token_gaps_are_recorded_per_token_and_summarized(tmp_path):
+    with StubGenerateServer(token_delay=0.1) as slow:  # a token every 0.1 s
+        dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a len=4"}])
+        code, summary, records = bench(tmp_path, [slow.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts")
+    assert code == 0 and len(records[0]["itl_s"]) == 3
+    assert records[0]["itl_s"] == pytest.approx([0.1] * 3, abs=0.05)
+    metrics = summary["runs"][0]["metrics"]["all"]
+    assert metrics["itl_p50_s"] == pytest.approx(0.1, abs=0.05) and metrics["itl_mean_s"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_a_chunk_of_several_tokens_counts_one_gap_per_token():
+    from specforge_outlets.benchmarking.client import RequestRecord, _read_event
+
+    record = RequestRecord(id="a", url="u", scheduled_s=0.0, sent_s=0.0)
+    sent = time.perf_counter()
+    _read_event({"text": "w", "meta_info": {"completion_tokens": 1}}, record, sent)
+    time.sleep(0.3)
+    _read_event({"text": "wwww", "meta_info": {"completion_tokens": 4}}, record, sent)  # 3 tokens in 0.3 s
+    assert record.output_len == 4 and record.itl_s == pytest.approx([0.1] * 3, abs=0.03)
+    _read_event({"text": "wwww", "meta_info": {"completion_tokens": 4, "finish_reason": "stop"}}, record, sent)
+    assert len(record.itl_s) == 3  # an event without new tokens is no gap
+
+
 def test_trace_replay_honours_arrival_times_rate_scale_and_lengths(tmp_path, stub):
     trace = write_jsonl(tmp_path / "t.jsonl", [{"id": "a", "timestamp": 10.0, "input_length": 7, "output_length": 3},
                                                {"id": "b", "timestamp": 10.6, "input_length": 5, "output_length": 2},

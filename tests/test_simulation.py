@@ -2,6 +2,7 @@
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTi
 from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
-from specforge_outlets.serving.trace import Trace, load_trace, synthetic_poisson
+from specforge_outlets.serving.trace import Trace, load_lengths, load_trace, synthetic_poisson
 
 # Every step (prefill batch, decode step, mixed step) takes exactly one second; prefill tokens,
 # KV bytes and weights cost nothing, so timelines can be computed by hand.
@@ -84,6 +85,81 @@ def test_fcfs_timeline_on_one_decode_slot(unit_steps):
     assert result.transfer_times.tolist() == pytest.approx([0.0] * 3)  # pd_cluster: no transfer latency
     metrics = summarize(result)["all"]
     assert metrics["decode_queue_mean_s"] == pytest.approx(23.0 / 3) and metrics["prefill_queue_p50_s"] == 0.8
+
+
+def gap_multiset(result, request):
+    """{gap seconds: count} of one request's inter-token gaps."""
+    values, weights = result.token_gaps.gaps(np.arange(len(result.output_lens)) == request)
+    counts = {}
+    for value, weight in zip(values.round(9), weights):
+        if weight:
+            counts[float(value)] = counts.get(float(value), 0) + int(weight)
+    return counts
+
+
+def test_inter_token_gaps_include_the_decode_queue_wait_after_the_first_token(unit_steps):
+    """A's tokens come every step; B's second token waits for the slot (2 s to 12 s); C's for B's."""
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue="fcfs")
+    assert gap_multiset(result, 0) == {1.0: 10}
+    assert gap_multiset(result, 1) == {10.0: 1, 1.0: 4}
+    assert gap_multiset(result, 2) == {15.0: 1}
+    metrics = summarize(result)["all"]  # 16 gaps: fourteen of 1 s, one of 10 s, one of 15 s
+    assert (metrics["itl_p50_s"], metrics["itl_p99_s"]) == (1.0, 15.0)
+    assert metrics["itl_mean_s"] == pytest.approx(39 / 16)
+
+
+def test_a_retracted_request_has_one_gap_from_its_retraction_to_its_resumption(unit_steps):
+    # the timeline of test_underestimated_requests_are_retracted_and_recomputed: B's tokens at 2, 3, 13, 14 s
+    trace = make_trace([(0.0, 10, 11), (0.1, 10, 4)])
+    cluster = pd_cluster(max_running_requests=8, kv_capacity_tokens=26, kv_admission="predicted",
+                         kv_prediction_margin=0.0)
+    result = simulate(trace, cluster, predictions=[3.0, 3.0])
+    assert result.retractions.tolist() == [0, 1]
+    assert gap_multiset(result, 0) == {1.0: 10}
+    assert gap_multiset(result, 1) == {1.0: 2, 10.0: 1}
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_every_request_has_its_output_minus_one_gaps_summing_to_its_decode_time(mode):
+    """The gaps telescope: a request's sum to finish - first token, and there is one per token after the first."""
+    lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
+    trace = synthetic_poisson(lengths, rate_rps=200.0, num_requests=300, seed=1)
+    cluster = cluster_config_from_dict({"mode": mode, "decode_instances": 2, "instances": 2, "max_running_requests": 64,
+                                        "kv_capacity_tokens": 20_000, "chunked_prefill_size": 256,
+                                        "kv_admission": "predicted", "predict_at": "arrival"}, "test")
+    under = (trace.output_lens / 4.0).tolist()  # every request outgrows its reservation
+    result = simulate(trace, cluster, "least-predicted-work", "tail-safe", predictions=under)
+    assert result.retractions.sum() > 20  # retractions, some right after a join, are exercised
+    for request in range(len(trace)):
+        values, weights = result.token_gaps.gaps(np.arange(len(trace)) == request)
+        assert weights.sum() == pytest.approx(trace.output_lens[request] - 1), request
+        decode_s = result.finish_times[request] - result.first_token_times[request]
+        assert float(np.dot(values, weights)) == pytest.approx(decode_s, rel=1e-9, abs=1e-9), request
+
+
+def test_a_request_retracted_before_a_step_keeps_its_pause_running():
+    """Joined at 5 s and retracted before any step, resumed at 9 s: one gap from its last token (4 s) on."""
+    from specforge_outlets.simulation.token_gaps import TokenGapLog
+
+    log = TokenGapLog(num_engines=1)
+    request = SimpleNamespace(index=0, last_token_time=4.0, span_start=0, span_pause=0.0)
+    log.joined(0, request, now=5.0)
+    log.left(0, request, now=5.0)  # no segment ended in between: no token
+    log.joined(0, request, now=9.0)
+    log.segment(0, duration_s=3.0, steps=3)  # 9-12 s: tokens at 10, 11, 12
+    log.left(0, request, now=12.0)
+    values, weights = log.gaps(np.array([True]))
+    assert sorted(value for value, weight in zip(values, weights) for _ in range(int(weight))) == [1.0, 1.0, 6.0]
+
+
+def test_weighted_percentile_is_the_smallest_value_reaching_the_share():
+    from specforge_outlets.serving.metrics import weighted_percentile
+
+    assert weighted_percentile(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 50) == 2.0
+    assert weighted_percentile(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 25) == 1.0
+    assert weighted_percentile(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 99) == 3.0
+    assert weighted_percentile(np.array([5.0, 1.0]), np.array([0.0, 4.0]), 99) == 1.0  # zero weight: absent
+    assert np.isnan(weighted_percentile(np.zeros(0), np.zeros(0), 50))
 
 
 def test_colocated_waits_before_the_first_prefill_are_the_prefill_queue(unit_steps):
@@ -437,6 +513,22 @@ def test_mooncake_trace_timestamps_are_milliseconds(tmp_path):
     mixed = rows + '{"timestamp": 31000, "input_length": 5, "output_length": 7}\n'
     with pytest.raises(OutletsError, match=r"line 4: has no hash_ids, unlike line 1: the trace mixes Mooncake rows"):
         load_trace(write(tmp_path, "mixed.jsonl", mixed))
+
+
+def test_lengths_only_csv_feeds_poisson_traces_and_is_refused_as_a_trace(tmp_path):
+    """sarathi-serve's ShareGPT statistics: lengths without arrival times, so only --lengths-from takes them."""
+    path = write(tmp_path, "lengths.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                 "74,918,992,0.08\n290,905,1195,0.32\n")
+    lengths = load_lengths(path)
+    assert lengths.input_lens.tolist() == [74, 290] and lengths.output_lens.tolist() == [918, 905]
+    poisson = synthetic_poisson(lengths, rate_rps=5.0, num_requests=50, seed=0)
+    assert set(poisson.output_lens.tolist()) == {918, 905}
+    with pytest.raises(OutletsError, match=r"no arrival times; draw requests from it with --lengths-from"):
+        load_trace(path)
+    with pytest.raises(OutletsError, match=r"line 3 \(row 1\): num_decode_tokens must be at least 1, got 0; drop the row"):
+        load_lengths(write(tmp_path, "bad.csv", "num_prefill_tokens,num_decode_tokens\n5,7\n5,0\n"))
+    azure = write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,5\n")
+    assert load_lengths(azure).output_lens.tolist() == [5]
 
 
 def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_output(unit_steps):

@@ -245,8 +245,15 @@ def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict
     outputs = np.array([record.output_len for record in records], dtype=np.float64)
     # A request that did not finish is classified by the length it was expected to reach (or had already passed).
     class_lens = np.where(success, outputs, np.maximum(outputs, [record.expected_output_len for record in records]))
+    gaps = [np.asarray(record.itl_s, dtype=np.float64) for record in records]
+
+    def token_gaps(mask):
+        selected = [gap for gap, chosen in zip(gaps, mask) if chosen]
+        values = np.concatenate(selected) if selected else np.zeros(0)
+        return values, np.ones(len(values))
+
     return summarize_requests(sent, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
-                              short_threshold=short_threshold, slo=slo)
+                              short_threshold=short_threshold, slo=slo, token_gaps=token_gaps)
 
 
 def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:
@@ -273,6 +280,8 @@ MARKDOWN_COLUMNS = (
     ("P99 TTFT s", "ttft_p99_s", "{:.3f}"),
     ("P50 TPOT s", "tpot_p50_s", "{:.4f}"),
     ("P99 TPOT s", "tpot_p99_s", "{:.4f}"),
+    ("P50 ITL s", "itl_p50_s", "{:.4f}"),
+    ("P99 ITL s", "itl_p99_s", "{:.4f}"),
 )
 
 

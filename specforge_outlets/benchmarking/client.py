@@ -10,7 +10,9 @@ and keeps the same record fields (``ttft``, ``latency`` -> ``e2e_s``, ``prompt_l
 Protocol: ``POST {url}/generate`` with ``{"text" | "input_ids", "sampling_params", "stream": true}``;
 the server answers Server-Sent Events ``data: {json}`` whose ``text`` and
 ``meta_info.completion_tokens`` are cumulative, and ends with ``data: [DONE]``. TTFT is the time to
-the first event with a token. A request succeeds only if the stream ends with ``[DONE]`` and the
+the first event with a token; each later event that brings tokens adds its gap since the last
+one to ``itl_s``, split evenly over its tokens (a chunk of several tokens has that many gaps), as
+``sglang.bench_serving`` records inter-token latency. A request succeeds only if the stream ends with ``[DONE]`` and the
 finish reason is not ``abort``; anything else (HTTP error, connection dropped mid-stream, timeout,
 malformed event) is a failure whose ``error`` says what happened, and it is recorded, never dropped.
 """
@@ -20,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
 
 import httpx
 
@@ -60,6 +62,8 @@ class RequestRecord:
     finish_reason: Optional[str] = None
     success: bool = False
     error: str = ""
+    itl_s: List[float] = field(default_factory=list)  # gaps between consecutive tokens
+    last_token_s: Optional[float] = None  # when the latest token arrived (from sending)
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
@@ -149,8 +153,13 @@ def _read_event(event: Dict, record: RequestRecord, sent: float) -> None:
     meta = event.get("meta_info") or {}
     tokens = meta.get("completion_tokens")
     if tokens is not None:
+        now = time.perf_counter() - sent
         if record.ttft_s is None and (tokens > 0 or event.get("text")):
-            record.ttft_s = time.perf_counter() - sent
+            record.ttft_s = record.last_token_s = now
+        elif tokens > record.output_len and record.last_token_s is not None:
+            new = int(tokens) - record.output_len
+            record.itl_s.extend([round((now - record.last_token_s) / new, 6)] * new)
+            record.last_token_s = now
         record.output_len = int(tokens)
     if meta.get("prompt_tokens") is not None:
         record.prompt_len = int(meta["prompt_tokens"])

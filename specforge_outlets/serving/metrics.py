@@ -17,12 +17,17 @@ undefined value (an empty class) as ``null`` (:func:`json_safe`, :func:`metric_v
 
 Queueing delay is reported only when it is known (the simulator); a client cannot observe it, so
 ``queue_*`` keys are absent from measured runs.
+
+Inter-token latency (``itl_*``) pools the gaps between consecutive tokens of every request of a
+class, as ``sglang.bench_serving`` does; it is given as weighted gaps (a value and how often it
+occurs), because the simulator knows them per decode segment, not per token. Its percentiles are
+the smallest gap with at least that share of the weight at or below it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +71,7 @@ def summarize_requests(
     success: Optional[np.ndarray] = None,
     short_threshold: int = DEFAULT_SHORT_THRESHOLD,
     slo: Optional[Dict[str, float]] = None,
+    token_gaps: Optional[Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]]] = None,
 ) -> Dict[str, Dict[str, float]]:
     """Metrics per class from per-request arrays (seconds on one clock, tokens).
 
@@ -78,7 +84,8 @@ def summarize_requests(
     adds ``<name>_p50_s``, ``_p99_s`` and ``_mean_s`` each. ``slo``
     (seconds per metric of :data:`SLO_METRICS`) adds ``slo_attainment`` (share of requests that
     succeeded within every target; a one-token output meets any TPOT target) and ``goodput_rps``
-    (those requests per second of makespan).
+    (those requests per second of makespan). ``token_gaps`` maps a mask of requests to their
+    inter-token gaps, ``(seconds, weights)``, and adds ``itl_p50_s``, ``itl_p99_s`` and ``itl_mean_s``.
     """
     arrival = np.asarray(arrival_times, dtype=np.float64)
     count = len(arrival)
@@ -105,6 +112,13 @@ def summarize_requests(
     short = lengths < short_threshold
     masks = {"all": np.ones(count, dtype=bool), "short": short, "long": ~short}
     summary = {name: class_metrics(mask, ok, outputs, latencies, makespan) for name, mask in masks.items()}
+    if token_gaps is not None:
+        for name, mask in masks.items():
+            gaps, weights = token_gaps(mask)
+            for label, q in (("p50", 50), ("p99", 99)):
+                summary[name][f"itl_{label}_s"] = weighted_percentile(gaps, weights, q)
+            total = float(np.sum(weights))
+            summary[name]["itl_mean_s"] = float(np.dot(gaps, weights)) / total if total > 0 else math.nan
     if slo:
         good = ok.copy()
         for name, target in slo.items():
@@ -159,6 +173,19 @@ def percentile(values: np.ndarray, q: float) -> float:
     if math.isinf(b) or math.isinf(a):
         return math.inf
     return a + (b - a) * weight
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The smallest value with at least ``q`` percent of the total weight at or below it (NaN if none)."""
+    values, weights = np.asarray(values, np.float64), np.asarray(weights, np.float64)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if not len(values):
+        return math.nan
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    rank = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left"))
+    return float(values[order][min(rank, len(values) - 1)])
 
 
 def json_safe(value: Any) -> Any:

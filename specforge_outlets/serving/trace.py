@@ -6,6 +6,9 @@ with (prompt, output) length pairs drawn from another trace. A JSONL ``timestamp
 except in the Mooncake trace format (rows with ``hash_ids``, as SGLang's ``bench_serving`` replays
 them), where it is in milliseconds: read as seconds, such a trace would offer a thousandth of its load. Arrival times are shifted so that
 the first request arrives at 0; rate scaling divides them, so a scale of 2 offers twice the load.
+Lengths to draw Poisson requests from (:func:`load_lengths`) can also come from a lengths-only CSV
+(``num_prefill_tokens,num_decode_tokens``, as sarathi-serve's ShareGPT statistics), which has no
+arrival times and so is not a trace.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 JSONL_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_FIELD = "hash_ids"  # present in the Mooncake trace format, whose timestamps are milliseconds
 MOONCAKE_SECONDS_PER_UNIT = 1e-3
+LENGTHS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")  # a lengths-only CSV
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,21 @@ def load_trace(path: str) -> Trace:
     if not os.path.isfile(path):
         raise OutletsError(f"trace {path}: no such file")
     if path.endswith(".csv"):
+        if _is_lengths_csv(path):
+            raise OutletsError(
+                f"trace {path}: has request lengths ({','.join(LENGTHS_COLUMNS)}) but no arrival times; draw "
+                "requests from it with --lengths-from FILE --poisson-rate RPS")
         return _load_azure_csv(path)
     if path.endswith(".jsonl"):
         return _load_jsonl(path)
     raise OutletsError(f"trace {path}: unknown format; use an Azure .csv or a .jsonl with {', '.join(JSONL_FIELDS)}")
+
+
+def load_lengths(path: str) -> Trace:
+    """(prompt, output) lengths to draw requests from: a trace, or a lengths-only CSV (arrival times all 0)."""
+    if path.endswith(".csv") and os.path.isfile(path) and _is_lengths_csv(path):
+        return _load_lengths_csv(path)
+    return load_trace(path)
 
 
 def poisson_arrival_times(rng: np.random.Generator, rate_rps: float, count: int) -> np.ndarray:
@@ -121,7 +136,7 @@ def _parse_count(value, where: str, field: str, minimum: int) -> int:
     except (TypeError, ValueError):
         raise OutletsError(f"{where}: {field} must be an integer, got {value!r}") from None
     if number < minimum:
-        fix = "drop the row" if field in ("GeneratedTokens", "output_length") else "fix the row"
+        fix = "drop the row" if field in ("GeneratedTokens", "output_length", LENGTHS_COLUMNS[1]) else "fix the row"
         raise OutletsError(f"{where}: {field} must be at least {minimum}, got {number}; {fix}")
     return number
 
@@ -164,6 +179,24 @@ def _load_azure_csv(path: str) -> Trace:
             inputs.append(_parse_count(row["ContextTokens"], where, "ContextTokens", 1))
             outputs.append(_parse_count(row["GeneratedTokens"], where, "GeneratedTokens", 1))
     return _build(os.path.basename(path).rsplit(".", 1)[0], ids, times, inputs, outputs, path)
+
+
+def _is_lengths_csv(path: str) -> bool:
+    with open(path, newline="", encoding="utf-8") as handle:
+        columns = next(csv.reader(handle), [])
+    return all(column in columns for column in LENGTHS_COLUMNS) and AZURE_COLUMNS[0] not in columns
+
+
+def _load_lengths_csv(path: str) -> Trace:
+    ids, inputs, outputs = [], [], []
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        for row_index, row in enumerate(reader):
+            where = f"lengths {path} line {reader.line_num} (row {row_index})"
+            ids.append(str(row_index))
+            inputs.append(_parse_count(row[LENGTHS_COLUMNS[0]], where, LENGTHS_COLUMNS[0], 1))
+            outputs.append(_parse_count(row[LENGTHS_COLUMNS[1]], where, LENGTHS_COLUMNS[1], 1))
+    return _build(os.path.basename(path).rsplit(".", 1)[0], ids, [0.0] * len(ids), inputs, outputs, path)
 
 
 def _load_jsonl(path: str) -> Trace:

@@ -35,6 +35,7 @@ from specforge_outlets.scheduling import (
     retraction_order_key,
 )
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
+from specforge_outlets.simulation.token_gaps import TokenGapLog
 from specforge_outlets.simulation.sglang_peers import (
     AnyQueuePolicy,
     AnyRoutingPolicy,
@@ -76,6 +77,7 @@ class SimulationResult:
     prefill_queue_delays: np.ndarray
     transfer_times: np.ndarray
     decode_queue_delays: np.ndarray
+    token_gaps: TokenGapLog  # every inter-token gap, for ITL percentiles
 
 
 class SimRequest:
@@ -86,6 +88,7 @@ class SimRequest:
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
         "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
         "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay",
+        "last_token_time", "span_start", "span_pause",  # TokenGapLog's
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
@@ -114,6 +117,9 @@ class SimRequest:
         self.retractions = 0
         self.first_token_time = np.nan
         self.finish_time = np.nan
+        self.last_token_time = np.nan
+        self.span_start = 0
+        self.span_pause = 0.0
 
     def predicted_at(self, generated: int) -> Optional[float]:
         """The predicted output length the scheduler holds once ``generated`` tokens exist.
@@ -181,8 +187,9 @@ class EngineInstance:
     time and is recomputed (its prompt and tokens prefilled again) when readmitted.
     """
 
-    def __init__(self, sim: "Simulation", chunked_prefill_size: int) -> None:
+    def __init__(self, sim: "Simulation", chunked_prefill_size: int, engine_id: int) -> None:
         self.sim = sim
+        self.engine_id = engine_id
         self.model = sim.model
         self.chunked_prefill_size = chunked_prefill_size  # 0: decode only
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
@@ -312,10 +319,11 @@ class EngineInstance:
                 self.kv_prefilling += request.prefill_claim
                 self.prefilling.append(request)
             else:
-                self._start_decoding(request)
+                self._start_decoding(now, request)
 
-    def _start_decoding(self, request: SimRequest) -> None:
+    def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
+        self.sim.token_gaps.joined(self.engine_id, request, now)
         self.pending_work -= request.pending_work
         generated = max(request.num_generated_tokens, 1)
         request.num_generated_tokens = generated
@@ -355,6 +363,7 @@ class EngineInstance:
     def _retract(self, now: float, request: SimRequest) -> None:
         generated = 1 + self.steps_done - request.join_step
         del self.running[request.index]
+        self.sim.token_gaps.left(self.engine_id, request, now)
         request.finish_step = -1
         self.kv_tokens -= request.input_len + generated
         self.kv_reserved -= request.reservation
@@ -407,6 +416,7 @@ class EngineInstance:
     def _end_segment(self, now: float, version: int) -> None:
         if version != self.segment_version:
             return
+        self.sim.token_gaps.segment(self.engine_id, now - self.segment_start, self.segment_steps)
         self.steps_done += self.segment_steps
         self.kv_tokens += self.segment_batch * self.segment_steps
         while self.finish_heap and self.finish_heap[0][0] <= self.steps_done:
@@ -414,6 +424,7 @@ class EngineInstance:
             if request.finish_step != step:  # an entry of a run that was retracted
                 continue
             del self.running[index]
+            self.sim.token_gaps.left(self.engine_id, request, now)
             self.kv_tokens -= request.input_len + request.output_len
             self.kv_reserved -= request.reservation
             self.sim.finish(now, request)
@@ -423,7 +434,7 @@ class EngineInstance:
                 self.prefilling.popleft()
                 self.kv_prefilling -= request.prefill_claim
                 if request.retractions:  # recomputed: it resumes where it was retracted
-                    self._start_decoding(request)
+                    self._start_decoding(now, request)
                     continue
                 self.sim.first_token(now, request)
                 self._reserve_again(request)
@@ -432,7 +443,7 @@ class EngineInstance:
                     self.kv_reserved -= request.reservation
                     self.sim.finish(now, request)
                 else:
-                    self._start_decoding(request)
+                    self._start_decoding(now, request)
         self._admit(now)
         self._start_segment(now)
 
@@ -467,10 +478,11 @@ class Simulation:
         self._sequence = itertools.count()
         if cluster.mode is ClusterMode.DISAGGREGATED:
             self.prefill = [PrefillInstance(self) for _ in range(cluster.prefill_instances)]
-            self.engines = [EngineInstance(self, 0) for _ in range(cluster.decode_instances)]
+            self.engines = [EngineInstance(self, 0, rank) for rank in range(cluster.decode_instances)]
         else:
             self.prefill = []
-            self.engines = [EngineInstance(self, cluster.chunked_prefill_size) for _ in range(cluster.instances)]
+            self.engines = [EngineInstance(self, cluster.chunked_prefill_size, rank) for rank in range(cluster.instances)]
+        self.token_gaps = TokenGapLog(len(self.engines))
 
     def schedule(self, time: float, callback: Callable[[float, object], None], argument: object) -> None:
         heapq.heappush(self._events, (time, next(self._sequence), callback, argument))
@@ -498,6 +510,7 @@ class Simulation:
             np.array([r.prefill_queue_delay for r in requests]),
             np.array([r.transfer_time for r in requests]),
             np.array([r.decode_queue_delay for r in requests]),
+            self.token_gaps,
         )
 
     # --- request life cycle ---------------------------------------------------------------------
@@ -517,7 +530,7 @@ class Simulation:
         return engine
 
     def first_token(self, now: float, request: SimRequest) -> None:
-        request.first_token_time = now
+        request.first_token_time = request.last_token_time = now
         request.num_generated_tokens = 1
         if self.cluster.predict_at is PredictionPoint.PREFILL:
             request.predicted_output_len = request.prediction

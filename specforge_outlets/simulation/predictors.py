@@ -93,21 +93,27 @@ def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Option
             f"{' or '.join(TRUE_LENGTH_FIELDS)} field to sample errors from; join on the same ids or add true lengths"
         )
     true_lens = np.array([row.true_output_len for row in known])
-    log_errors = np.log(np.array([row.predicted_output_len for row in known]) / true_lens)
-    return _sample_errors(true_lens, log_errors, trace, rng)
+    predicted_lens = np.array([row.predicted_output_len for row in known])
+    return with_measured_errors(true_lens, predicted_lens, trace.output_lens, rng).tolist()
 
 
-def _sample_errors(
-    true_lens: np.ndarray, log_errors: np.ndarray, trace: Trace, rng: np.random.Generator
-) -> List[Optional[float]]:
-    """Predicted = true * exp(error), the error drawn from the file's errors in the same length bucket."""
+def with_measured_errors(
+    true_lens: np.ndarray, predicted_lens: np.ndarray, target_lens: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Predictions for requests of known lengths ``target_lens``, with errors a predictor made on others.
+
+    Predicted = target * exp(e), ``e = log(predicted / true)`` of a measured pair drawn from the same
+    equal-count true-length bucket: a predictor's error depends on the length (it over-predicts short
+    requests and under-predicts long ones), so a lengths-only trace gets that shape, not one spread.
+    """
+    log_errors = np.log(np.asarray(predicted_lens, np.float64) / np.asarray(true_lens, np.float64))
     order = np.argsort(true_lens, kind="stable")
     buckets = np.array_split(order, min(NUM_ERROR_BUCKETS, len(order)))
     upper_edges = np.array([true_lens[bucket[-1]] for bucket in buckets[:-1]])
-    target = trace.output_lens.astype(np.float64)
+    target = np.asarray(target_lens, np.float64)
     bucket_of = np.searchsorted(upper_edges, target, side="left")
-    errors = np.empty(len(trace))
+    errors = np.empty(len(target))
     for index, bucket in enumerate(buckets):
         members = bucket_of == index
         errors[members] = log_errors[rng.choice(bucket, size=int(members.sum()))]
-    return (target * np.exp(errors)).tolist()
+    return target * np.exp(errors)

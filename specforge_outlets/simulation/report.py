@@ -20,6 +20,7 @@ TABLE_COLUMNS = (
     ("long P99 s", "long", "e2e_p99_s", "{:.2f}"),
     ("P99 TTFT s", "all", "ttft_p99_s", "{:.2f}"),
     ("P99 TPOT s", "all", "tpot_p99_s", "{:.4f}"),
+    ("P99 ITL s", "all", "itl_p99_s", "{:.4f}"),
     ("P99 queue s", "all", "queue_p99_s", "{:.2f}"),
     ("max queue s", "all", "queue_max_s", "{:.1f}"),
 )

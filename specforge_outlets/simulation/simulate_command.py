@@ -25,7 +25,8 @@ def register(subparsers) -> None:
                                         "(timestamp,input_length,output_length[,id])")
     source.add_argument("--poisson-rate", type=float, help="synthetic Poisson arrivals at this many requests/s, "
                                                            "lengths drawn from --lengths-from")
-    parser.add_argument("--lengths-from", help="trace whose (input, output) lengths a Poisson trace draws")
+    parser.add_argument("--lengths-from", help="trace, or lengths-only CSV (num_prefill_tokens,num_decode_tokens), "
+                                              "whose (input, output) lengths a Poisson trace draws")
     parser.add_argument("--num-requests", type=int, default=None,
                         help="Poisson: number of requests (default 10000); trace: keep only the first N")
     parser.add_argument("--config", required=True, help="cluster YAML (see recipes/cluster-*.yaml)")
@@ -78,13 +79,13 @@ def run(args) -> int:
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
     from specforge_outlets.serving.metrics import parse_goodput
-    from specforge_outlets.serving.trace import load_trace, synthetic_poisson
+    from specforge_outlets.serving.trace import load_lengths, load_trace, synthetic_poisson
 
     cluster = load_cluster_config(args.config)
     if args.poisson_rate is not None:
         if not args.lengths_from:
             raise OutletsError("--poisson-rate needs --lengths-from TRACE to draw request lengths from")
-        trace = synthetic_poisson(load_trace(args.lengths_from), args.poisson_rate, args.num_requests or 10000, args.seed)
+        trace = synthetic_poisson(load_lengths(args.lengths_from), args.poisson_rate, args.num_requests or 10000, args.seed)
     else:
         trace = load_trace(args.trace)
         if args.num_requests is not None:

@@ -30,6 +30,7 @@ def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THR
                "decode_queue": result.decode_queue_delays},
         short_threshold=short_threshold,
         slo=slo,
+        token_gaps=result.token_gaps.gaps,
     )
 
 
