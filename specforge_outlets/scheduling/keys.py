@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import struct
 from array import array
 from dataclasses import dataclass
@@ -192,11 +193,15 @@ def tail_safe_long_merge_keys(long_arrivals: Sequence[float], now: float, config
     holdback = config.long_holdback
     assert len(long_arrivals) < 2 ** _RANK_BITS
     # the same arithmetic as tail_safe_sort_key: arrival + long_holdback * age
-    running = list(itertools.accumulate(((arrival + holdback * (now - arrival), arrival)
-                                         for arrival in long_arrivals), max))
-    times = _time_ordinals([threshold for threshold, _ in running])
+    thresholds = [arrival + holdback * (now - arrival) for arrival in long_arrivals]
+    if all(map(operator.le, thresholds, itertools.islice(thresholds, 1, None))):
+        # the common case (f < 1: T grows with a): each (T, a) is its own running maximum
+        arrivals = long_arrivals
+    else:
+        running = list(itertools.accumulate(zip(thresholds, long_arrivals), max))
+        thresholds, arrivals = [threshold for threshold, _ in running], [arrival for _, arrival in running]
     return [(time << _TIME_SHIFT) | ((0 if threshold > arrival else 2) << _RANK_BITS) | rank
-            for rank, (time, (threshold, arrival)) in enumerate(zip(times, running))]
+            for rank, (time, threshold, arrival) in enumerate(zip(_time_ordinals(thresholds), thresholds, arrivals))]
 
 
 def holdback_window_s(waited_s: float, config: SchedulingConfig) -> float:
