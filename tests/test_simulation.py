@@ -711,6 +711,22 @@ def test_file_predictor_joins_by_id_or_samples_bucketed_errors(tmp_path):
         predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=bare)
 
 
+@pytest.mark.parametrize("rows, message", [
+    # one id matches, one does not: a join gone wrong, not a lengths-only trace
+    (['{"id": "0", "predicted_output_len": 12, "true_output_len": 10}', '{"id": "z", "predicted_output_len": 9}'],
+     r"1 of 2 trace ids are missing \(first: '1'\)"),
+    (['{"id": "0", "predicted_output_len": 12}', '{"id": "1", "predicted_output_len": 900, "true_output_len": 999}'],
+     r"id '1' has true_output_len 999 but the trace's output_length is 1000"),
+    (['{"id": "0", "predicted_output_len": 12}', '{"id": "1", "predicted_output_len": 9}', '{"id": "0", "predicted_output_len": 5}'],
+     r"line 3: id '0' again \(first on line 1\)"),
+])
+def test_prediction_files_that_do_not_match_the_trace_name_the_first_offending_id(tmp_path, rows, message):
+    trace = make_trace([(0.0, 10, 10), (1.0, 10, 1000)])
+    path = write(tmp_path, "p.jsonl", "".join(row + "\n" for row in rows))
+    with pytest.raises(OutletsError, match=message):
+        predict_lengths(PredictorKind.FILE, trace, 0, predictions_path=path)
+
+
 # --- command --------------------------------------------------------------------------------------
 def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
     lines = "".join(f'{{"timestamp": {i * 0.05}, "input_length": {100 + i % 7 * 300}, "output_length": {5 + i * 37 % 1200}}}\n'

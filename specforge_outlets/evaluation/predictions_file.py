@@ -48,6 +48,7 @@ def read_predictions(path: str, flag: str = "--predictions") -> List[PredictionR
     if not os.path.isfile(path):
         raise OutletsError(f"{flag} {path}: no such file")
     rows: List[PredictionRow] = []
+    first_line: Dict[str, int] = {}  # id -> the line it first appeared on
     for line_number, row in iter_jsonl(path):
         where = f"{flag} {path} line {line_number}"
         if isinstance(row, BadLine):
@@ -62,7 +63,12 @@ def read_predictions(path: str, flag: str = "--predictions") -> List[PredictionR
                 _positive(value) or value == 0 for value in trajectory)):
             raise OutletsError(f"{where}: trajectory must be a non-empty list of non-negative numbers (the "
                                "estimate at each output token)")
-        rows.append(PredictionRow(str(row["id"]), float(row["predicted_output_len"]),
+        request_id = str(row["id"])
+        if request_id in first_line:
+            raise OutletsError(f"{where}: id {request_id!r} again (first on line {first_line[request_id]}); "
+                               "one prediction per request: drop or rename the duplicate")
+        first_line[request_id] = line_number
+        rows.append(PredictionRow(request_id, float(row["predicted_output_len"]),
                                   None if true is None else float(true),
                                   None if trajectory is None else tuple(float(value) for value in trajectory)))
     if not rows:

@@ -82,10 +82,15 @@ def predicted_trajectories(kind: PredictorKind, trace: Trace, predictions_path: 
 
 def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:
     rows = read_predictions(path)
-    predicted = {row.id: row.predicted_output_len for row in rows}
-    missing = [request_id for request_id in trace.ids if request_id not in predicted]
+    by_id = {row.id: row for row in rows}
+    missing = [request_id for request_id in trace.ids if request_id not in by_id]
     if not missing:
-        return [predicted[request_id] for request_id in trace.ids]
+        _check_lengths_agree(path, trace, by_id)
+        return [by_id[request_id].predicted_output_len for request_id in trace.ids]
+    if len(missing) < len(trace):  # some ids match: a join gone wrong, not a lengths-only trace
+        raise OutletsError(
+            f"--predictions {path}: {len(missing)} of {len(trace)} trace ids are missing (first: {missing[0]!r}); "
+            "a file joined by id needs every trace id, or none (then errors are sampled by true length)")
     known = [row for row in rows if row.true_output_len is not None]
     if not known:
         raise OutletsError(
@@ -95,6 +100,16 @@ def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Option
     true_lens = np.array([row.true_output_len for row in known])
     predicted_lens = np.array([row.predicted_output_len for row in known])
     return with_measured_errors(true_lens, predicted_lens, trace.output_lens, rng).tolist()
+
+
+def _check_lengths_agree(path: str, trace: Trace, by_id) -> None:
+    """A joined row that gives a true length must give the trace's: else the file is for other requests."""
+    for request_id, output_len in zip(trace.ids, trace.output_lens):
+        true = by_id[request_id].true_output_len
+        if true is not None and true != output_len:
+            raise OutletsError(
+                f"--predictions {path}: id {request_id!r} has {TRUE_LENGTH_FIELDS[0]} {true:g} but the trace's "
+                f"output_length is {int(output_len)}; the file was made for other requests (or another cap)")
 
 
 def with_measured_errors(
