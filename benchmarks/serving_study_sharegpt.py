@@ -156,6 +156,14 @@ class Workload:
 
     def predictions(self, predictor: str, trace: Trace, seed: int) -> tuple:
         """(static predictions, trajectories or None) of ``predictor`` for the trace's requests."""
+        if predictor == "none":
+            return [None] * len(trace), None
+        if predictor == "oracle":
+            return trace.output_lens.astype(np.float64).tolist(), None
+        return self.learned(predictor, trace, seed)
+
+    def learned(self, predictor: str, trace: Trace, seed: int) -> tuple:
+        """:meth:`predictions` of a learned predictor (one of ``predictors`` but none and the oracle)."""
         raise NotImplementedError
 
 
@@ -184,12 +192,8 @@ class LabelSetWorkload(Workload):
         return Trace(f"{self.name}-{rate_rps:g}rps", [f"{self.rows[i]['id']}#{n}" for n, i in enumerate(drawn)],
                      poisson_arrival_times(rng, rate_rps, count), self.input_lens[drawn], self.output_lens[drawn])
 
-    def predictions(self, predictor: str, trace: Trace, seed: int) -> tuple:
+    def learned(self, predictor: str, trace: Trace, seed: int) -> tuple:
         drawn = [self.row_of[request_id.rsplit("#", 1)[0]] for request_id in trace.ids]
-        if predictor == "none":
-            return [None] * len(drawn), None
-        if predictor == "oracle":
-            return [float(self.output_lens[i]) for i in drawn], None
         name, dynamic = predictor.split(" ")[0], predictor.endswith(" rt")
         static = [float(self.rows[i]["static"][name]) for i in drawn]
         if not dynamic:
@@ -224,11 +228,7 @@ class LengthsWorkload(Workload):
         head = self.lengths.head(count)  # the recorded arrival pattern, bursts included, scaled to the rate
         return head.scaled(rate_rps / head.offered_rps)
 
-    def predictions(self, predictor: str, trace: Trace, seed: int) -> tuple:
-        if predictor == "none":
-            return [None] * len(trace), None
-        if predictor == "oracle":
-            return trace.output_lens.astype(np.float64).tolist(), None
+    def learned(self, predictor: str, trace: Trace, seed: int) -> tuple:
         name = predictor.split(" ")[0]
         rng = np.random.default_rng([seed, self.predictors.index(predictor)])
         return with_measured_errors(self.measured_true, self.measured[name], trace.output_lens, rng).tolist(), None
@@ -412,10 +412,10 @@ def oracle_share_table(result: dict) -> List[str]:
 
 
 def report(args) -> None:
-    lines = []
-    for result in written(args, "simulate"):
+    lines, simulated = [], written(args, "simulate")
+    for result in simulated:
         lines += default_table(result) + oracle_share_table(result)
-    for result in written(args, "simulate"):
+    for result in simulated:
         lines += study_tables(result)
     for result in written(args, "breakdown"):
         lines += breakdown_table(result)
