@@ -3,14 +3,16 @@
 Reads ../shared/data/prompts/sharegpt_first_turn_2978.jsonl (never copied into the repo). Stages,
 each resumable and skipped when its output exists:
 
-1. ``prepare``: every prompt, split 4:1 by a fixed seed;
+1. ``prepare``: every prompt, split 4:1 by a fixed seed and by prompt group (twins and
+   near-duplicates in one split: ``data/prompt_groups.py``);
 2. ``regenerate``: SmolLM2 answers each prompt with the llama backend (up to 2,048 new tokens; a
    longer response is censored and never labelled): the test split, ``NOISE_SEEDS`` more samples
    of a fixed subset of ``--noise-prompts`` test prompts (the sampling-noise floor), the train split;
 3. ``pack``: the regenerated responses (ids, response token ids, finish reasons, lengths; no
    prompt text) into ``benchmarks/data/sharegpt-smollm2/`` (committed, gzip). On a machine without
-   the regenerated files, stage 2 starts by unpacking them against the prompts in ../shared (and
-   regenerates only what a partially packed file lacks);
+   the regenerated files, stage 2 starts by unpacking them against the prompts in ../shared, each
+   seed-0 response going to its prompt's current split (``--labels-as-is`` stops there; otherwise
+   only what the packed files lack is regenerated);
 4. ``capture``; ``train`` + ``export`` of the OUTLETS, SD-only and LP-only drafts
    (recipes/smollm2-135m-cpu-outlets.yaml); ``eval`` with the noise samples, whose report and
    per-request predictions are copied next to the packed label set (for the serving study);
@@ -31,8 +33,10 @@ from typing import List, Optional, Sequence
 
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features
-from specforge_outlets.data.jsonl import recover_jsonl, write_jsonl
-from specforge_outlets.data.label_set import pack_label_set, sample_noise_prompts, unpack_label_set
+from specforge_outlets.data.jsonl import iter_jsonl, recover_jsonl, write_jsonl
+from specforge_outlets.data.label_set import PACKED_SUFFIX, pack_label_set, read_packed, sample_noise_prompts, unpack_label_set
+from specforge_outlets.data.prepare_command import prompt_text
+from specforge_outlets.data.prompt_groups import check_split_groups
 from specforge_outlets.data.regenerate_command import side_paths
 from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
@@ -47,6 +51,9 @@ FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.p
 CURVE_FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-learning-curve.png")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
 NOISE_SEEDS = (1, 2, 3)
+# Test prompts given the NOISE_SEEDS samples: with the scored one, 4 samples on at least 250
+# prompts, so the floor and the ranking ceiling are measured on the rows the predictors are scored on.
+NOISE_PROMPTS = 256
 STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval", "curve")
 # The drafts trained on the full train split: OUTLETS and its two ablations (the method's lambda is
 # the recipe's; SD-only drops the length loss, LP-only the drafting loss).
@@ -72,6 +79,12 @@ def regenerate(args: argparse.Namespace, source: str, output: str, seed: int) ->
     if args.workers > 1 and not os.path.exists(marker):
         regenerate_sharded(source, output, args.workers, [str(option) for option in options])
     step(marker, ["regenerate", *options, "--resume", "--input", source, "--output", output])
+
+
+def packed_noise_ids() -> set:
+    """Prompts the committed label set already sampled with the noise seeds."""
+    paths = [os.path.join(PACKED, f"noise-seed{seed}{PACKED_SUFFIX}") for seed in NOISE_SEEDS]
+    return {str(row["id"]) for path in paths if os.path.exists(path) for row in read_packed(path)}
 
 
 def regen_files() -> List[str]:
@@ -114,7 +127,7 @@ def write_label_stats(regen: str) -> None:
 def run() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, help="a seeded random subset (default: all 2,978)")
-    parser.add_argument("--noise-prompts", type=int, default=200, help="test prompts sampled NOISE_SEEDS more times")
+    parser.add_argument("--noise-prompts", type=int, default=NOISE_PROMPTS, help="test prompts sampled NOISE_SEEDS more times")
     parser.add_argument("--max-new-tokens", type=int, default=2048)
     parser.add_argument("--concurrency", type=int, default=16, help="llama-server slots")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -150,19 +163,24 @@ def run() -> int:
     if args.prompts:
         prepare += ["--max-samples", args.prompts, "--sample", "random"]
     step(os.path.join(data, "summary.json"), prepare)
+    check_split_groups({split: [(row["id"], prompt_text(row)) for _, row in iter_jsonl(os.path.join(data, f"{split}.jsonl"))]
+                        for split in ("train", "test")})  # fmt: skip
     noise_input = os.path.join(data, "noise.jsonl")
     if not os.path.exists(noise_input):
-        sample_noise_prompts(os.path.join(data, "test.jsonl"), noise_input, args.noise_prompts)
+        sample_noise_prompts(os.path.join(data, "test.jsonl"), noise_input, args.noise_prompts, keep=packed_noise_ids())
     if last < STAGES.index("regenerate"):
         return 0
 
     if not os.path.isdir(regen) and os.path.exists(os.path.join(PACKED, "summary.json")):
-        unpack_label_set(PACKED, data, regen, args.target)  # the committed label set: no regeneration
+        moved = unpack_label_set(PACKED, data, regen, args.target)  # the committed label set: no regeneration
+        with open(os.path.join(out, "unpack_moves.json"), "w", encoding="utf-8") as handle:
+            json.dump(moved, handle, indent=2)
+        print(json.dumps(moved, indent=2))
     if not args.labels_as_is:
-        regenerate(args, os.path.join(data, "test.jsonl"), os.path.join(regen, "test.jsonl"), 0)
+        for split in ("test", "train"):  # train before the noise samples: the drafts' training waits on it
+            regenerate(args, os.path.join(data, f"{split}.jsonl"), os.path.join(regen, f"{split}.jsonl"), 0)
         for seed in NOISE_SEEDS:
             regenerate(args, noise_input, os.path.join(regen, f"noise-seed{seed}.jsonl"), seed)
-        regenerate(args, os.path.join(data, "train.jsonl"), os.path.join(regen, "train.jsonl"), 0)
     if last < STAGES.index("pack"):
         return 0
     pack_label_set(regen, regen_files(), PACKED)

@@ -105,3 +105,45 @@ def test_a_partially_packed_file_is_left_for_resume(target, tmp_path):
     unpack_label_set(str(packed), str(data), str(restored), target)
     assert [r["id"] for r in read_jsonl(restored / "train.jsonl")] == ["p0"]
     assert not (restored / "train.summary.json").exists()  # so `regenerate --resume` finishes it
+
+
+def test_unpack_sends_each_response_to_its_prompts_current_split(target, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    data, regen, packed, restored = (tmp_path / name for name in ("data", "regen", "packed", "restored"))
+    for folder in (data, regen):
+        folder.mkdir()
+    prompts = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"question {i}"}]} for i in range(8)]
+    answered = _regenerated(tokenizer, prompts, 0)
+    for stem, rows in (("train", answered[:5]), ("test", answered[5:7])):  # p7 is not answered yet
+        write_jsonl(regen / f"{stem}.jsonl", rows)
+        (regen / f"{stem}.summary.json").write_text("{}")
+    write_jsonl(regen / "noise-seed1.jsonl", _regenerated(tokenizer, prompts[5:7], 1))
+    (regen / "noise-seed1.summary.json").write_text("{}")
+    pack_label_set(str(regen), ["train.jsonl", "test.jsonl", "noise-seed1.jsonl"], str(packed))
+    # The re-split: p1 moves to test, p6 to train; p5 stays in test, and only p5 keeps its noise samples.
+    split = {"train": [0, 2, 3, 4, 6], "test": [1, 5, 7]}
+    for stem, indices in split.items():
+        write_jsonl(data / f"{stem}.jsonl", [prompts[i] for i in indices])
+    write_jsonl(data / "noise.jsonl", [prompts[5]])
+    moved = unpack_label_set(str(packed), str(data), str(restored), target)
+    assert moved == {"responses moved into train": 1, "responses moved into test": 1,
+                     "noise-seed1 samples of prompts no longer in noise.jsonl": 1}
+    ids = {stem: sorted(r["id"] for r in read_jsonl(restored / f"{stem}.jsonl") + read_jsonl(restored / f"{stem}.filtered.jsonl"))
+           for stem in ("train", "test", "noise-seed1")}
+    assert ids == {"train": ["p0", "p2", "p3", "p4", "p6"], "test": ["p1", "p5"], "noise-seed1": ["p5"]}
+    assert (restored / "train.summary.json").exists() and (restored / "noise-seed1.summary.json").exists()
+    assert not (restored / "test.summary.json").exists()  # p7 still to answer: `regenerate --resume` does it
+
+
+def test_noise_prompts_keep_the_ones_already_sampled(tmp_path):
+    prompts = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"q{i}"}]} for i in range(40)]
+    write_jsonl(tmp_path / "test.jsonl", prompts)
+    sample_noise_prompts(str(tmp_path / "test.jsonl"), str(tmp_path / "small.jsonl"), 10)
+    sample_noise_prompts(str(tmp_path / "test.jsonl"), str(tmp_path / "large.jsonl"), 15)
+    small, large = ({r["id"] for r in read_jsonl(tmp_path / f"{n}.jsonl")} for n in ("small", "large"))
+    assert len(small) == 10 and len(large) == 15 and small < large  # growing the subset keeps it
+    sample_noise_prompts(str(tmp_path / "test.jsonl"), str(tmp_path / "kept.jsonl"), 10, keep=["p0", "p1"])
+    kept = {r["id"] for r in read_jsonl(tmp_path / "kept.jsonl")}
+    assert {"p0", "p1"} <= kept and len(kept) == 10

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import random
 import zlib
 from typing import Any, Dict, Iterable, List, Sequence
 
@@ -22,6 +21,8 @@ from specforge_outlets.errors import OutletsError
 
 PACKED_SUFFIX = ".jsonl.gz"
 SUMMARY = "summary.json"
+# Packed files sampled with the main seed: a response in either answers its prompt in whichever split.
+MAIN_SEED_STEMS = ("train", "test")
 # Fields of an assistant turn that are kept; the content is decoded again from token_ids.
 TURN_FIELDS = ("num_tokens", "finish_reason", "token_ids")
 
@@ -31,13 +32,19 @@ def prompt_checksum(questions: Sequence[str]) -> int:
     return zlib.crc32("\x1e".join(questions).encode("utf-8"))
 
 
-def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0) -> None:
-    """A fixed, seeded subset of ``count`` test prompts (input order kept), for repeated sampling."""
+def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0, keep: Iterable[str] = ()) -> None:
+    """``count`` test prompts (input order kept) for repeated sampling, the ``keep`` ids among them.
+
+    ``keep`` names prompts that already have repeated samples; the rest are the test prompts first
+    in a seeded order of ids, so growing ``count`` or re-splitting keeps the earlier choice.
+    """
     rows = [row for _, row in iter_jsonl(test_path)]
     if count > len(rows):
         raise OutletsError(f"--noise-prompts {count}: the test split has only {len(rows)} prompts")
-    chosen = set(random.Random(seed).sample(range(len(rows)), count))
-    write_jsonl(output, [row for index, row in enumerate(rows) if index in chosen])
+    kept = set(keep)
+    order = sorted(rows, key=lambda row: (row["id"] not in kept, zlib.crc32(f"{seed}:{row['id']}".encode())))
+    chosen = {row["id"] for row in order[:count]}
+    write_jsonl(output, [row for row in rows if row["id"] in chosen])
 
 
 def _pack_row(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -86,13 +93,16 @@ def read_packed(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def unpack_label_set(packed_dir: str, data_dir: str, regen_dir: str, target: str) -> None:
+def unpack_label_set(packed_dir: str, data_dir: str, regen_dir: str, target: str) -> Dict[str, int]:
     """Rebuild ``<regen_dir>/<stem>.jsonl`` (and ``.filtered.jsonl``) from the packed responses.
 
-    Each packed file answers the prompts of ``<data_dir>/<split>.jsonl`` (``noise-seed*`` answer
-    ``noise.jsonl``); a packed id that is missing there, or whose prompt checksum differs, is
-    refused with that id before anything is written. A file packed before its regeneration
-    finished gets no summary, so ``outlets regenerate --resume`` continues it.
+    Every packed response must answer a prompt of ``<data_dir>/{train,test}.jsonl`` (same id, same
+    prompt checksum); one that does not is refused with its id before anything is written. The
+    ``train`` and ``test`` files were sampled with the same seed, so each of their responses goes
+    to its prompt's split as ``data_dir`` has it now: a re-split (by prompt group) regenerates
+    nothing already answered. ``noise-seed*`` files answer ``noise.jsonl`` and keep the samples of
+    its prompts. A file gets a summary only if it answers every prompt of its split, so
+    ``outlets regenerate --resume`` completes the others. Returns how many responses moved.
     """
     from transformers import AutoTokenizer
 
@@ -102,34 +112,53 @@ def unpack_label_set(packed_dir: str, data_dir: str, regen_dir: str, target: str
         summaries = json.load(handle)
     tokenizer = AutoTokenizer.from_pretrained(resolve_target(target))
     stop_ids = set(stop_token_ids(tokenizer))
-    unpacked = {stem: _unpack_file(packed_dir, stem, data_dir, tokenizer, stop_ids) for stem in summaries}
+    split_ids = {split: [row["id"] for _, row in iter_jsonl(os.path.join(data_dir, f"{split}.jsonl"))]
+                 for split in MAIN_SEED_STEMS if os.path.exists(os.path.join(data_dir, f"{split}.jsonl"))}  # fmt: skip
+    prompts = {row["id"]: row for split in split_ids for _, row in iter_jsonl(os.path.join(data_dir, f"{split}.jsonl"))}
+    noise_path = os.path.join(data_dir, "noise.jsonl")
+    split_ids["noise"] = [row["id"] for _, row in iter_jsonl(noise_path)] if os.path.exists(noise_path) else []
+    answered = {stem: _unpack_file(packed_dir, stem, data_dir, prompts, tokenizer, stop_ids) for stem in summaries}
+    main_pool = {row["id"]: row for stem in MAIN_SEED_STEMS for row in answered.get(stem, [])}
+    moved: Dict[str, int] = {}
+    outputs = {}
+    for stem in summaries:
+        split = stem if stem in MAIN_SEED_STEMS else "noise"
+        pool = main_pool if split != "noise" else {row["id"]: row for row in answered[stem]}
+        wanted = set(split_ids.get(split, []))
+        rows = sorted((pool[i] for i in wanted if i in pool), key=lambda row: str(row["id"]))
+        if split != "noise":
+            arrived = {row["id"] for row in rows} - {row["id"] for row in answered.get(stem, [])}
+            moved[f"responses moved into {stem}"] = len(arrived)
+        else:
+            moved[f"{stem} samples of prompts no longer in noise.jsonl"] = len(pool) - len(rows)
+        outputs[stem] = (rows, len(rows) == len(wanted) and bool(wanted))
     os.makedirs(regen_dir, exist_ok=True)  # written only once every file matched its prompts
-    for stem, (kept, filtered) in unpacked.items():
-        write_jsonl(os.path.join(regen_dir, f"{stem}.jsonl"), kept)
-        write_jsonl(os.path.join(regen_dir, f"{stem}.filtered.jsonl"), filtered)
-        if summaries[stem].get("complete", True):  # a partial file gets no summary: --resume completes it
-            with open(os.path.join(regen_dir, f"{stem}.summary.json"), "w", encoding="utf-8") as handle:
+    for stem, (rows, complete) in outputs.items():
+        write_jsonl(os.path.join(regen_dir, f"{stem}.jsonl"), [row for row in rows if "filtered" not in row])
+        write_jsonl(os.path.join(regen_dir, f"{stem}.filtered.jsonl"), [row for row in rows if "filtered" in row])
+        summary = os.path.join(regen_dir, f"{stem}.summary.json")
+        if complete:  # an incomplete file gets no summary: --resume completes it
+            with open(summary, "w", encoding="utf-8") as handle:
                 json.dump({**summaries[stem], "unpacked_from": packed_dir}, handle, indent=2)
+        elif os.path.exists(summary):
+            os.remove(summary)
+    return moved
 
 
-def _unpack_file(packed_dir: str, stem: str, data_dir: str, tokenizer: Any, stop_ids: set) -> tuple:
-    source = os.path.join(data_dir, "noise.jsonl" if stem.startswith("noise") else f"{stem}.jsonl")
-    prompts = {row["id"]: row for _, row in iter_jsonl(source)}
-    kept, filtered = [], []
+def _unpack_file(packed_dir: str, stem: str, data_dir: str, prompts: Dict[str, Any], tokenizer: Any,
+                 stop_ids: set) -> List[Dict[str, Any]]:
+    rows = []
     for packed in read_packed(os.path.join(packed_dir, f"{stem}{PACKED_SUFFIX}")):
         row = prompts.get(packed["id"])
         if row is None or prompt_checksum(user_questions(row["conversations"])) != packed["prompt_crc32"]:
             why = "is not in" if row is None else "has a different prompt in"
             raise OutletsError(
-                f"{packed_dir}/{stem}{PACKED_SUFFIX}: id {packed['id']} {why} {source}; "
+                f"{packed_dir}/{stem}{PACKED_SUFFIX}: id {packed['id']} {why} {data_dir}/{{train,test}}.jsonl; "
                 "the label set answers other prompts (prepare them with the benchmark's settings)"
             )
         conversation = _conversation(row, packed["turns"], tokenizer, stop_ids)
-        if "filtered" in packed:
-            filtered.append({**conversation, "filtered": packed["filtered"]})
-        else:
-            kept.append(conversation)
-    return kept, filtered
+        rows.append({**conversation, "filtered": packed["filtered"]} if "filtered" in packed else conversation)
+    return rows
 
 
 def _conversation(row: Dict[str, Any], turns: List[Dict[str, Any]], tokenizer: Any, stop_ids: set) -> Dict[str, Any]:

@@ -3,8 +3,10 @@
 ``--max-samples N`` keeps the first N usable rows (what "the first 64 prompts" means), or with
 ``--sample random`` N rows drawn with ``--seed`` from all usable rows, kept in input order: prompt
 files are often sorted (the ShareGPT set in ../shared/data is sorted longest first), so the first N
-are not representative. The 4:1 split is then seeded. Bad rows are skipped, named and counted in
-summary.json.
+are not representative. The 4:1 split is then seeded and made by prompt group
+(``data/prompt_groups.py``): twins and near-duplicates always land in one split, and summary.json
+says how many groups there are and how many rows the grouping moved. Bad rows are skipped, named
+and counted in summary.json.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import os
 from collections import Counter
 from typing import Any, Dict, List
 
-from specforge_outlets.data.conversations import RowError, normalise_row
+from specforge_outlets.data.conversations import RowError, normalise_row, user_questions
 from specforge_outlets.data.jsonl import BadLine, write_jsonl
 from specforge_outlets.data.sources import DATASETS, iter_source
+from specforge_outlets.data.prompt_groups import group_sizes, prompt_groups
 from specforge_outlets.data.split import sample_rows, split_rows
 from specforge_outlets.errors import OutletsError
 
@@ -89,7 +92,9 @@ def prepare(
         raise OutletsError(f"--dataset {dataset}: no usable rows (skipped {sum(reasons.values())})")
     if sample == "random" and max_samples is not None and len(rows) > max_samples:
         rows = sample_rows(rows, max_samples, seed)
-    train, test = split_rows(rows, seed=seed)
+    groups = prompt_groups([prompt_text(row) for row in rows])
+    train, test = split_rows(rows, seed=seed, groups=groups)
+    ungrouped_test = {row["id"] for row in split_rows(rows, seed=seed)[1]}
     os.makedirs(output, exist_ok=True)
     write_jsonl(os.path.join(output, "train.jsonl"), train)
     write_jsonl(os.path.join(output, "test.jsonl"), test)
@@ -106,10 +111,17 @@ def prepare(
         "skipped_by_reason": dict(reasons),
         "train": len(train),
         "test": len(test),
+        "prompt_groups": group_sizes(groups),
+        "moved_by_grouping": len(ungrouped_test.symmetric_difference(row["id"] for row in test)),
     }
     with open(os.path.join(output, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     return summary
+
+
+def prompt_text(row: Dict[str, Any]) -> str:
+    """The text a row's group is decided on: its user turns, in order."""
+    return "\n".join(user_questions(row["conversations"]))
 
 
 def _report(reasons: Counter[str], message: str) -> None:
