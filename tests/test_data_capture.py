@@ -82,7 +82,7 @@ def test_capture_command_writes_specforge_features(tmp_path):
         {"id": "long", "conversations": [user("word " * 60), answer("ok")]},
         {"id": "c", "conversations": [user("Story?"), answer("Once upon", finish="length")]},
     ]
-    source = write_jsonl(tmp_path / "train.jsonl", [*rows[:2], "{oops", *rows[2:]])
+    source = write_jsonl(tmp_path / "train.jsonl", rows)
     out = tmp_path / "features"
     assert run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out,
                                          "--max-length", 80]) == 0
@@ -91,7 +91,7 @@ def test_capture_command_writes_specforge_features(tmp_path):
     assert manifest["hidden_size"] == 32 and manifest["split"] == "train" and manifest["end_of_turn_token_id"] == END_ID
     assert [f["id"] for f in manifest["files"]] == ["a", "b", "c"]
     counts = manifest["counts"]
-    assert (counts["written"], counts["skipped"], counts["bad_lines"]) == (3, 2, 1)
+    assert (counts["written"], counts["skipped"]) == (3, 2)
     assert counts["skipped_too_long"] == 1 and counts["skipped_no_assistant_turn"] == 1
     assert counts["response_spans"] == 4 and counts["censored_spans"] == 1
     model = AutoModelForCausalLM.from_pretrained(target).eval()
@@ -106,6 +106,20 @@ def test_capture_command_writes_specforge_features(tmp_path):
     assert int((load_features(str(out / "data_4.ckpt"))["remaining_length"] > 0).sum()) == 0  # censored only
     with pytest.raises(Exception, match="already holds feature files"):
         run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out])
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"id": "x1", "prompt": "hi"}, r"r.jsonl:2 \(id x1\): no 'conversations' list; .*outlets regenerate"),
+    ("{oops", r"r.jsonl:2: .*fix or remove the line"),
+])
+def test_capture_refuses_a_row_it_cannot_read_before_writing_anything(tmp_path, line, message):
+    target = make_chat_target(str(tmp_path / "target"))
+    good = {"id": "a", "conversations": [user("What is 2+2?"), answer("4")]}
+    source = write_jsonl(tmp_path / "r.jsonl", [good, line])
+    out = tmp_path / "features"
+    with pytest.raises(OutletsError, match=message):
+        run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out])
+    assert not out.exists()
 
 
 def test_add_labels_to_specforge_captured_files(tmp_path):

@@ -47,16 +47,19 @@ def run(args: argparse.Namespace) -> int:
     return _capture(args)
 
 
-def read_rows(path: str, counts: Counter) -> List[Dict[str, Any]]:
-    """Regenerated rows in file order; bad lines are reported and counted, not fatal."""
+def read_rows(path: str) -> List[Dict[str, Any]]:
+    """Regenerated rows in file order; a line that is not one is refused with its number, before any work."""
     if not os.path.isfile(path):
         raise OutletsError(f"--input {path}: no such file")
     rows = []
     for number, row in iter_jsonl(path):
-        if isinstance(row, BadLine) or not isinstance(row.get("conversations"), list):
-            counts["bad_lines"] += 1
-            print(row if isinstance(row, BadLine) else f"{path}:{number}: no 'conversations' list; skipped")
-            continue
+        if isinstance(row, BadLine):
+            raise OutletsError(f"{row}; fix or remove the line")
+        if not isinstance(row.get("conversations"), list):
+            raise OutletsError(
+                f"{path}:{number} (id {row.get('id', '?')}): no 'conversations' list; capture reads "
+                "regenerated conversations: run `outlets prepare` and `outlets regenerate` on prompts first"
+            )
         rows.append(row)
     return rows
 
@@ -74,7 +77,7 @@ def _capture(args: argparse.Namespace) -> int:
     if os.path.isdir(args.output) and any(name.endswith(FEATURE_SUFFIX) for name in os.listdir(args.output)):
         raise OutletsError(f"--output {args.output} already holds feature files; choose a new directory")
     counts: Counter[str] = Counter()
-    rows = read_rows(args.input, counts)
+    rows = read_rows(args.input)
     path = resolve_target(args.target)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if args.chat_template:
@@ -155,7 +158,7 @@ def _add_labels(args: argparse.Namespace) -> int:
     from specforge_outlets.data.add_labels import JoinError, label_file, specforge_feature_files
 
     counts: Counter[str] = Counter()
-    rows = read_rows(args.input, counts)
+    rows = read_rows(args.input)
     found = specforge_feature_files(args.add_labels)
     if not found:
         raise OutletsError(f"--add-labels {args.add_labels}: no data_<i>.ckpt files found")
