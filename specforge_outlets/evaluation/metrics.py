@@ -77,14 +77,8 @@ def bootstrap_interval(
 
 def ranks(values: Sequence[float]) -> np.ndarray:
     """1-based ranks, ties sharing their average rank (as Spearman's coefficient needs)."""
-    values = np.asarray(values, np.float64)
-    order = np.argsort(values, kind="stable")
-    ranked = np.empty(values.size)
-    ranked[order] = np.arange(1, values.size + 1)
-    for value in np.unique(values):
-        tied = values == value
-        ranked[tied] = ranked[tied].mean()
-    return ranked
+    unique, inverse, counts = np.unique(np.asarray(values, np.float64), return_inverse=True, return_counts=True)
+    return (np.cumsum(counts) - (counts - 1) / 2)[inverse.reshape(-1)]
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
