@@ -104,6 +104,8 @@ def test_capture_command_writes_specforge_features(tmp_path):
         torch.testing.assert_close(features["hidden_state"].float(), states[-1], atol=0.05, rtol=0.02)
         torch.testing.assert_close(features["aux_hidden_state"][..., 64:].float(), states[4], atol=0.05, rtol=0.02)
     assert int((load_features(str(out / "data_4.ckpt"))["remaining_length"] > 0).sum()) == 0  # censored only
+    censored = load_features(str(out / "data_4.ckpt"))
+    assert censored["remaining_lower_bound"].max() == int(censored["loss_mask"].sum())  # c - t, from c at t = 0
     with pytest.raises(Exception, match="already holds feature files"):
         run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", out])
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specforge_outlets.data.labels import NO_LABEL, remaining_length_labels, response_spans, shift_left
+from specforge_outlets.data.labels import (NO_LABEL, remaining_length_labels, remaining_lower_bounds, response_spans,
+                                          shift_left)
 
 
 def test_labels_count_down_per_response_and_skip_prompts():
@@ -18,6 +19,14 @@ def test_censored_responses_carry_no_label():
     loss_mask = torch.tensor([0, 1, 1, 0, 1, 1, 1])
     labels = remaining_length_labels(loss_mask, censored=[False, True])
     assert labels.tolist() == [-1, 2, 1, -1, -1, -1, -1]
+
+
+def test_censored_responses_carry_a_lower_bound_and_nothing_else_does():
+    mask = torch.tensor([0, 1, 1, 0, 1, 1, 1])
+    bounds = remaining_lower_bounds(mask, [False, True])
+    assert bounds.tolist() == [NO_LABEL, NO_LABEL, NO_LABEL, NO_LABEL, 3, 2, 1]  # at least c - t tokens remain
+    labels = remaining_length_labels(mask, [False, True])
+    assert ((labels == NO_LABEL) | (bounds == NO_LABEL)).all()  # a position has one or the other, never both
 
 
 def test_censoring_flags_must_match_spans():

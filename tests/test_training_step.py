@@ -165,10 +165,13 @@ def test_offline_reader_path_casts_states_and_pads_labels():
             "aux_hidden_state": torch.randn(1, length, 12, dtype=torch.bfloat16),
             "remaining_length": torch.arange(length, 0, -1),
         }
+        if length == 4:  # a censored capture: bounds instead of labels (the first file predates bounds)
+            raw["remaining_lower_bound"], raw["remaining_length"] = raw["remaining_length"], torch.full((4,), -1)
         samples.append(normalize(raw))
     assert samples[0]["hidden_state"].dtype == samples[0]["target"].dtype == torch.float32
     batch = build_offline_collator()(samples)
-    assert batch["remaining_length"].tolist() == [[8, 7, 6, 5, 4, 3], [4, 3, 2, 1, -1, -1]]
+    assert batch["remaining_length"].tolist() == [[8, 7, 6, 5, 4, 3], [-1] * 6]
+    assert batch["remaining_lower_bound"].tolist() == [[-1] * 6, [4, 3, 2, 1, -1, -1]]
 
 
 def test_per_response_weights_each_response_once_plus_its_static_position():
@@ -221,3 +224,44 @@ def test_length_head_gets_its_own_learning_rate_group(tiny_target):
     for _ in range(5):  # one schedule scales both groups
         optimizer.scheduler.step()
         assert head["lr"] / rest["lr"] == pytest.approx(10.0)
+
+
+def test_censored_positions_are_penalised_only_below_their_bound():
+    """One-sided: a censored position costs nothing while predicting at least its bound."""
+    from specforge_outlets.training.objective import LengthWeighting, fit_length
+
+    class RawIsZ:  # a head whose raw output is the predicted z itself
+        @staticmethod
+        def log_remaining(raw):
+            return raw.squeeze(-1)
+
+    weighting = LengthWeighting("per_response", 1.0, 1.0)
+    labels = [torch.tensor([[-1, 5, 4, 3, 2, 1, -1, -1, -1]])]
+    bounds = [torch.tensor([[-1, -1, -1, -1, -1, -1, 3, 2, 1]])]  # a censored response of 3 tokens so far
+
+    def fit(censored_prediction, one_sided=True):
+        z = torch.log1p(torch.tensor([0.0, 5, 4, 3, 2, 1, *censored_prediction]))  # exact where labelled
+        raw = z.requires_grad_(True)
+        out = fit_length(RawIsZ(), [raw[None, :, None]], labels, None, weighting, bounds if one_sided else None)
+        out.loss.backward()
+        return out, raw.grad[6:]
+
+    above, grad = fit([10.0, 10, 10])
+    assert float(above.loss) == 0.0 and torch.equal(grad, torch.zeros(3))
+    below, grad = fit([0.5, 0.5, 0.5])
+    assert float(below.loss) > 0 and bool((grad < 0).all())  # descent raises the prediction
+    assert float(below.count) == 5 and float(below.static_count) == 1  # metrics over exact labels only
+    dropped, grad = fit([0.5, 0.5, 0.5], one_sided=False)
+    assert float(dropped.loss) == 0.0 and torch.equal(grad, torch.zeros(3))
+
+
+def test_one_sided_recipe_setting_reaches_the_step(tiny_target):
+    draft, _, strategy = make_step(tiny_target, length_censored="one_sided")
+    batch = make_batch()
+    labels = batch.tensors["remaining_length"].clone()
+    batch.tensors["remaining_length"] = torch.full_like(labels, -1)
+    batch.tensors["remaining_lower_bound"] = torch.arange(labels.shape[1], 0, -1)[None] + 10**6  # all censored, huge bounds
+    out = strategy.forward_loss(batch)
+    assert float(out.metrics["length_loss"]) > 0  # below every bound: only the one-sided term is there
+    _, _, dropping = make_step(tiny_target)
+    assert float(dropping.forward_loss(batch).metrics["length_loss"]) == 0.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, Sequence
 
 from specforge_outlets.data.chat_tokens import ChatTokens
-from specforge_outlets.data.labels import remaining_length_labels
+from specforge_outlets.data.labels import remaining_length_labels, remaining_lower_bounds
 
 
 class TargetCapture:
@@ -35,4 +35,5 @@ class TargetCapture:
             "hidden_state": states[-1].to(self.dtype).cpu(),
             "aux_hidden_state": torch.cat([states[k] for k in self.fusion_layers], dim=-1).to(self.dtype).cpu(),
             "remaining_length": remaining_length_labels(loss_mask, tokens.censored),
+            "remaining_lower_bound": remaining_lower_bounds(loss_mask, tokens.censored),
         }

@@ -7,6 +7,8 @@ One file per conversation, a ``torch.save`` dict that SpecForge's offline reader
     hidden_state      [1, T, H]           target's last hidden state (after the final norm)
     aux_hidden_state  [1, T, 3H]          target's three fusion depths, concatenated low..high
     remaining_length  [T]         int64   L - t on response tokens, NO_LABEL elsewhere
+    remaining_lower_bound [T]     int64   c - t on censored response tokens, NO_LABEL elsewhere
+                                          (optional: files captured before it have none)
 
 Files are written to a temporary name and renamed, so a crash never leaves a truncated file
 that looks finished.
@@ -25,7 +27,9 @@ from specforge_outlets.errors import OutletsError
 FEATURE_SUFFIX = ".ckpt"
 SPECFORGE_KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
 LENGTH_KEY = "remaining_length"
+LOWER_BOUND_KEY = "remaining_lower_bound"
 FEATURE_KEYS = (*SPECFORGE_KEYS, LENGTH_KEY)
+OPTIONAL_KEYS = (LOWER_BOUND_KEY,)
 
 
 class FeatureFileError(OutletsError):
@@ -37,7 +41,8 @@ def save_features(path: str, features: Dict[str, torch.Tensor]) -> None:
     validate_features(features, source=path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save({key: features[key].contiguous() for key in FEATURE_KEYS}, tmp)
+    keys = (*FEATURE_KEYS, *(key for key in OPTIONAL_KEYS if key in features))
+    torch.save({key: features[key].contiguous() for key in keys}, tmp)
     os.replace(tmp, path)
 
 
@@ -95,3 +100,14 @@ def validate_features(
             f"{source}: {LENGTH_KEY}[{position}]={int(labels[position])} is not a valid label "
             f"(labels are >= 1 and only on loss-mask positions; {NO_LABEL} marks no label)"
         )
+    bounds = features.get(LOWER_BOUND_KEY)
+    if bounds is not None:
+        if tuple(bounds.shape) != (seq_len,):
+            raise FeatureFileError(f"{source}: {LOWER_BOUND_KEY} must be [T]=[{seq_len}], got {tuple(bounds.shape)}")
+        bad = (bounds != NO_LABEL) & ((bounds < 1) | (loss_mask == 0) | (labels != NO_LABEL))
+        if bool(bad.any()):
+            position = int(torch.nonzero(bad)[0])
+            raise FeatureFileError(
+                f"{source}: {LOWER_BOUND_KEY}[{position}]={int(bounds[position])} is not a valid bound "
+                f"(>= 1, only on loss-mask positions without a {LENGTH_KEY} label); re-run `outlets capture`"
+            )

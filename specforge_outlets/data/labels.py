@@ -3,7 +3,9 @@
 Labels are derived from the loss-mask spans of the tokenised conversation (each maximal run of
 assistant tokens is one response), not from the count reported at generation time: tokenising a
 conversation through the chat template can merge or split tokens at the boundaries. A response
-stopped by the token limit is right-censored (its true length is unknown), so it carries no label.
+stopped by the token limit is right-censored: its true length is unknown, so it carries no label,
+only a lower bound (``remaining_lower_bounds``: at least ``c - t`` tokens remain after ``t`` of
+its ``c`` generated ones), which censoring-aware training uses as a one-sided target.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def remaining_length_labels(
 
     ``censored[i]`` says whether the i-th response span (in order) was cut by the token limit.
     """
+    return _countdowns(loss_mask, censored, want_censored=False)
+
+
+def remaining_lower_bounds(loss_mask: torch.Tensor, censored: Sequence[bool]) -> torch.Tensor:
+    """[T] int64: c - t on the t-th token of each censored response (c tokens generated), NO_LABEL elsewhere."""
+    return _countdowns(loss_mask, censored, want_censored=True)
+
+
+def _countdowns(loss_mask: torch.Tensor, censored: Sequence[bool] | None, want_censored: bool) -> torch.Tensor:
     spans = response_spans(loss_mask)
     censored = list(censored) if censored is not None else [False] * len(spans)
     if len(censored) != len(spans):
@@ -42,7 +53,7 @@ def remaining_length_labels(
         )
     labels = torch.full(loss_mask.shape, NO_LABEL, dtype=torch.long)
     for (start, end), cut in zip(spans, censored):
-        if not cut:
+        if cut == want_censored:
             labels[start:end] = torch.arange(end - start, 0, -1)  # L, L-1, ..., 1
     return labels
 

@@ -19,7 +19,7 @@ from specforge.algorithms.contracts import FeatureMode
 from specforge.algorithms.eagle3 import providers as eagle3
 from specforge.algorithms.registry import AlgorithmRegistration, AlgorithmRegistry
 
-from specforge_outlets.data.features import FEATURE_KEYS, LENGTH_KEY
+from specforge_outlets.data.features import FEATURE_KEYS, LENGTH_KEY, LOWER_BOUND_KEY
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft import DRAFT_ARCHITECTURE
@@ -163,6 +163,9 @@ def normalize_offline_sample(raw, max_len: int, dtype: str):
     for key in ("hidden_state", "target"):
         sample[key] = sample[key].to(getattr(torch, dtype))
     sample[LENGTH_KEY] = raw[LENGTH_KEY][:max_len].long().unsqueeze(0)  # [1, T]
+    bounds = raw.get(LOWER_BOUND_KEY)  # files captured before censored bounds were written have none
+    sample[LOWER_BOUND_KEY] = (torch.full_like(sample[LENGTH_KEY], NO_LABEL) if bounds is None
+                               else bounds[:max_len].long().unsqueeze(0))  # [1, T]
     return sample
 
 
@@ -176,12 +179,10 @@ def collate_with_labels(features, *, collate):
 
     batch = collate(features)
     width = batch["input_ids"].shape[1]
-    batch[LENGTH_KEY] = torch.cat(
-        [
-            torch.nn.functional.pad(item[LENGTH_KEY], (0, width - item[LENGTH_KEY].shape[1]), value=NO_LABEL)
-            for item in features
-        ]
-    )  # [B, T]
+    for key in (LENGTH_KEY, LOWER_BOUND_KEY):
+        batch[key] = torch.cat(
+            [torch.nn.functional.pad(item[key], (0, width - item[key].shape[1]), value=NO_LABEL) for item in features]
+        )  # [B, T]
     return batch
 
 

@@ -10,12 +10,12 @@ gathered when they are read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
-from specforge_outlets.data.labels import shift_left
+from specforge_outlets.data.labels import NO_LABEL, shift_left
 from specforge_outlets.training.objective import l2_penalty
 
 
@@ -23,14 +23,17 @@ from specforge_outlets.training.objective import l2_penalty
 class LengthOutputs:
     raw: List[torch.Tensor]  # per TTT step: [B, T, out]
     labels: List[torch.Tensor]  # per TTT step: [B, T], aligned with ``raw``
+    lower_bounds: List[torch.Tensor]  # per TTT step: [B, T], censored positions' bounds, aligned the same way
     l2: torch.Tensor  # ||theta_len||^2
 
 
 class OutletsEagle3Model(OnlineEagle3Model):
-    def forward(self, *, remaining_length: torch.Tensor, **eagle3_inputs):
+    def forward(self, *, remaining_length: torch.Tensor, remaining_lower_bound: Optional[torch.Tensor] = None,
+                **eagle3_inputs):
         """SpecForge's seven EAGLE-3 outputs, then :class:`LengthOutputs`.
 
-        ``remaining_length`` [B, T] is aligned with the stored ``input_ids``; the state at
+        ``remaining_length`` and ``remaining_lower_bound`` [B, T] are aligned with the stored
+        ``input_ids``; the state at
         position j of TTT step k has seen token j + 1 + k, so its label is shifted by 1 + k
         (SpecForge's one-position target shift plus one per step).
         """
@@ -44,7 +47,9 @@ class OutletsEagle3Model(OnlineEagle3Model):
             handle.remove()
         expected = self.length if draft.outlets.head_input == "draft" else 1
         assert len(states) == expected, f"collected {len(states)} draft states, expected {expected}"
-        remaining_length = remaining_length.to(states[0].device)
         raw = [draft.length_outputs(state) for state in states]
-        labels = [shift_left(remaining_length, 1 + step) for step in range(len(states))]
-        return (*eagle3_outputs, LengthOutputs(raw, labels, l2_penalty(draft.length_head)))
+        if remaining_lower_bound is None:  # a batch without censored responses
+            remaining_lower_bound = torch.full_like(remaining_length, NO_LABEL)
+        labels, bounds = ([shift_left(values.to(states[0].device), 1 + step) for step in range(len(states))]
+                          for values in (remaining_length, remaining_lower_bound))
+        return (*eagle3_outputs, LengthOutputs(raw, labels, bounds, l2_penalty(draft.length_head)))

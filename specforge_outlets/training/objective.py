@@ -96,32 +96,50 @@ def fit_length(
     labels: Sequence[torch.Tensor],  # per TTT step: [B, T] remaining tokens, NO_LABEL = unlabelled
     bucket_edges: Sequence[int] | None,
     weighting: LengthWeighting,
+    lower_bounds: Sequence[torch.Tensor] | None = None,  # per TTT step: [B, T] censored bounds, or None
 ) -> LengthFit:
-    masks = [l != NO_LABEL for l in labels]
+    """The weighted length loss; with ``lower_bounds``, censored positions enter one-sided.
+
+    A censored position only says that at least ``c - t`` tokens remain, so it is penalised only
+    when the prediction falls below that: ``relu(z_bound - z_pred)^2`` for the regression head, and
+    for the bucket head the negative log of the probability of the bound's bucket or a longer one.
+    Each censored response is weighted like a finished one (its bound counts down by one, so
+    ``response_positions`` finds it). The metrics (MSE, MAE) stay over exact labels only.
+    """
+    if lower_bounds is None:
+        lower_bounds = [torch.full_like(l, NO_LABEL) for l in labels]
+    targets = [torch.where(l != NO_LABEL, l, b) for l, b in zip(labels, lower_bounds)]
+    masks = [t != NO_LABEL for t in targets]
     raw = torch.cat([r[m] for r, m in zip(raw_outputs, masks)])  # [N, out]
-    remaining = torch.cat([l[m] for l, m in zip(labels, masks)])  # [N]
-    positions = [response_positions(l) for l in labels]  # once per step: weights and the static mask
+    remaining = torch.cat([t[m] for t, m in zip(targets, masks)])  # [N] exact, or the bound where censored
+    censored = torch.cat([(b != NO_LABEL)[m] for b, m in zip(lower_bounds, masks)])  # [N]
+    positions = [response_positions(t) for t in targets]  # once per step: weights and the static mask
     weights = torch.cat([weighting.weights_at(p, k)[m] for k, (p, m) in enumerate(zip(positions, masks))])
-    static = torch.cat([p[1][m] & (k == 0) for k, (p, m) in enumerate(zip(positions, masks))])
-    count = remaining.new_tensor(remaining.numel(), dtype=torch.float32)
+    static = torch.cat([p[1][m] & (k == 0) for k, (p, m) in enumerate(zip(positions, masks))]) & ~censored
+    exact = ~censored
+    count = exact.sum().float()
     z_true = torch.log1p(remaining.float())
     z_pred = head.log_remaining(raw).float()
     if remaining.numel() == 0 or weights.sum() == 0:  # no length signal in this batch: keep the graph
         zero = raw.sum() * 0.0
         return LengthFit(zero, zero.detach(), zero.detach(), count, zero.detach(), zero.detach())
     if bucket_edges is None:
-        per_position = (z_pred - z_true) ** 2
+        per_position = torch.where(censored, F.relu(z_true - z_pred) ** 2, (z_pred - z_true) ** 2)
     else:
-        per_position = F.cross_entropy(raw.float(), bucket_index(remaining, bucket_edges), reduction="none")
+        log_p = F.log_softmax(raw.float(), dim=-1)  # [N, buckets]
+        bucket = bucket_index(remaining, bucket_edges)
+        at_or_above = torch.arange(log_p.shape[-1], device=log_p.device)[None, :] >= bucket[:, None]
+        tail = torch.logsumexp(log_p.masked_fill(~at_or_above, float("-inf")), dim=-1)
+        per_position = torch.where(censored, -tail, -log_p.gather(-1, bucket[:, None]).squeeze(-1))
     loss = (weights * per_position).sum() / weights.sum()
     with torch.no_grad():
-        abs_tokens = (log_remaining_to_tokens(z_pred) - remaining.float()).abs()
+        abs_tokens = (log_remaining_to_tokens(z_pred) - remaining.float()).abs()[exact]
         return LengthFit(
             loss,
-            ((z_pred - z_true) ** 2).sum(),
+            ((z_pred - z_true) ** 2)[exact].sum(),
             abs_tokens.sum(),
             count,
-            abs_tokens[static].sum(),
+            abs_tokens[static[exact]].sum(),
             static.sum().float(),
         )
 

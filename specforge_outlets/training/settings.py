@@ -16,6 +16,7 @@ from specforge_outlets.model.fusion import default_fusion_layers, validate_fusio
 HEAD_TYPES = ("regression", "buckets")
 BIAS_INITS = ("mean", "zero")
 WEIGHTINGS = ("per_response", "pooled")  # see training.objective.LengthWeighting
+CENSORED_TARGETS = ("drop", "one_sided")  # see training.objective.fit_length
 NUMBERS = ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight", "length_ttt_decay",
            "length_head_lr_scale")
 DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by head_type: buckets
@@ -47,6 +48,9 @@ class OutletsSettings:
     length_ttt_decay: float = 0.5  # 1: steps alike (the old loss); 0: step 0 only
     length_bias_init: str = "mean"  # output bias = best constant fit of the training labels; "zero": none
     length_head_lr_scale: float = 10.0  # the head's learning rate over training.learning_rate (1: the old)
+    # responses cut by the token limit: "one_sided" trains their positions to predict at least the
+    # tokens still to come (remaining >= c - t); "drop" leaves them out of L_len
+    length_censored: str = "drop"
 
     def __post_init__(self) -> None:
         for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight"):
@@ -64,6 +68,8 @@ class OutletsSettings:
             raise OutletsError(f"outlets.length_head_lr_scale must be > 0, got {self.length_head_lr_scale}")
         if not 0 <= self.length_ttt_decay <= 1:
             raise OutletsError(f"outlets.length_ttt_decay must be in [0, 1], got {self.length_ttt_decay}")
+        if self.length_censored not in CENSORED_TARGETS:
+            raise OutletsError(f"outlets.length_censored must be one of {CENSORED_TARGETS}, got {self.length_censored!r}")
         if self.length_bias_init not in BIAS_INITS:
             raise OutletsError(f"outlets.length_bias_init must be one of {BIAS_INITS}, got {self.length_bias_init!r}")
         edges = list(self.bucket_edges)
@@ -120,4 +126,5 @@ class OutletsSettings:
             "length_weighting": self.length_weighting,
             "length_static_weight": self.length_static_weight,
             "length_ttt_decay": self.length_ttt_decay,
+            "length_censored": self.length_censored,
         }

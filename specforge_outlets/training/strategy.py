@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from specforge.training.strategies.base import Eagle3TrainStrategy, StepContext, StepOutput
 
-from specforge_outlets.data.features import LENGTH_KEY
+from specforge_outlets.data.features import LENGTH_KEY, LOWER_BOUND_KEY
 from specforge_outlets.training.model import LengthOutputs
 from specforge_outlets.training.objective import LengthWeighting, fit_length, total_loss
 
@@ -22,9 +22,11 @@ from specforge_outlets.training.objective import LengthWeighting, fit_length, to
 class LabelledCall:
     """Stands in for the wrapped model during one EAGLE-3 step."""
 
-    def __init__(self, model: torch.nn.Module, remaining_length: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, remaining_length: torch.Tensor,
+                 remaining_lower_bound: Optional[torch.Tensor]):
         self.model = model
         self.remaining_length = remaining_length
+        self.remaining_lower_bound = remaining_lower_bound
         self.length_outputs: Optional[LengthOutputs] = None
 
     def parameters(self):
@@ -32,7 +34,7 @@ class LabelledCall:
 
     def __call__(self, **eagle3_inputs):
         *eagle3_outputs, self.length_outputs = self.model(
-            remaining_length=self.remaining_length, **eagle3_inputs
+            remaining_length=self.remaining_length, remaining_lower_bound=self.remaining_lower_bound, **eagle3_inputs
         )
         return tuple(eagle3_outputs)
 
@@ -56,6 +58,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         length_weighting: str,
         length_static_weight: float,
         length_ttt_decay: float,
+        length_censored: str,
         **eagle3_options,
     ) -> None:
         super().__init__(eagle3_model, **eagle3_options)
@@ -63,10 +66,11 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         self.length_l2_weight = length_l2_weight
         self.sd_loss_weight = sd_loss_weight
         self.weighting = LengthWeighting(length_weighting, length_static_weight, length_ttt_decay)
+        self.one_sided = length_censored == "one_sided"
 
     def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
         model = self.eagle3_model
-        call = LabelledCall(model, batch.tensors[LENGTH_KEY])
+        call = LabelledCall(model, batch.tensors[LENGTH_KEY], batch.tensors.get(LOWER_BOUND_KEY))
         self.eagle3_model = call
         try:
             drafting = super().forward_loss(batch, ctx)
@@ -74,7 +78,8 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
             self.eagle3_model = model
         outputs = call.length_outputs
         draft = unwrap(model).draft_model
-        fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges, self.weighting)
+        fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges, self.weighting,
+                         lower_bounds=outputs.lower_bounds if self.one_sided else None)
         loss = total_loss(
             drafting.loss,
             fit.loss,
