@@ -54,6 +54,7 @@ def test_paired_differences_are_zero_for_a_copy_and_exclude_zero_for_a_real_gap(
     assert set(out) == {"copy", "worse"}
     for metric, entry in out["copy"].items():
         assert entry == {"difference": 0.0, "low": 0.0, "high": 0.0}, metric
+    assert out["worse"]["c_index"]["difference"] == pytest.approx(c_index(requests, bad) - c_index(requests, good))
     worse = out["worse"]
     assert worse["c_index"]["high"] < 0 and worse["spearman"]["high"] < 0
     assert worse["static_mae"]["low"] > 0 and worse["static_mae_censored"]["low"] > 0

@@ -305,6 +305,24 @@ def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
         assert set(request["static"]) == set(names)
         assert set(request["dynamic"]) == {"outlets", "lp-only", "constant", "probe-mid", "probe-last"}
         assert all(len(v) == request["true_output_len"] for v in request["dynamic"].values())
+    # censoring-aware scores over every request, recomputed from the complete predictions file
+    from specforge_outlets.evaluation.censoring import CensoredRequests, c_index
+
+    censoring = report["censoring"]
+    assert censoring["reference"] == "outlets" and set(censoring["paired_differences"]) == set(names) - {"outlets"}
+    everyone = CensoredRequests.of([r["true_output_len"] for r in requests], [r["censored"] for r in requests])
+    checked = []
+    for name in names:
+        entry = censoring["scores"][name]
+        assert (entry["n_requests"], entry["n_censored"]) == (9, 1)
+        rounded = [r["static"][name] for r in requests]  # the file keeps 0.1 token: ties may differ
+        if len(set(rounded)) == len(rounded):
+            assert entry["c_index"] == pytest.approx(c_index(everyone, rounded)), name
+            checked.append(name)
+    assert checked  # the probes predict distinct lengths here
+    ceiling = report["ceiling"]
+    assert ceiling["n_prompts"] == 7 and set(ceiling["predictors_on_these_rows"]) == set(names)
+    assert "Paired differences from outlets" in markdown and "Floor and ceiling on the same rows" in markdown
     scored = {row["id"]: row["predicted_output_len"] for row in rows_ if row["predictor"] == "outlets"}
     assert all(abs(max(r["static"]["outlets"], 1) - scored[r["id"]]) < 0.06 for r in requests[1:])
     # a per-predictor file is what `outlets simulate --predictor file --predictions` reads

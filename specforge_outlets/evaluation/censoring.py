@@ -107,7 +107,9 @@ def paired_differences(
     assert reference in static, f"reference predictor {reference} has no predictions"
     rng = np.random.default_rng(seed)
     n = requests.lengths.size
-    counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(resamples)]).astype(np.float64)
+    # Row 0 is the test set itself (every request once): the point estimate; the others are resamples.
+    counts = np.stack([np.ones(n, np.int64)] + [np.bincount(rng.integers(0, n, n), minlength=n)
+                                                for _ in range(resamples)]).astype(np.float64)
     finished = ~requests.censored
     comparable = requests.comparable().astype(np.float64)
     pairs = np.einsum("ri,ij,rj->r", counts, comparable, counts)
@@ -127,16 +129,19 @@ def paired_differences(
 
     base = per_resample(reference)
     tail = 100 * (1 - confidence) / 2
-    out: Dict[str, Dict[str, Dict[str, float]]] = {}
+    out: Dict[str, Dict[str, Optional[Dict[str, float]]]] = {}
     for name in static:
         if name == reference:
             continue
-        mine = per_resample(name)
         out[name] = {}
-        for metric, values in mine.items():
+        for metric, values in per_resample(name).items():
             difference = values - base[metric]
-            low, high = np.nanpercentile(difference, [tail, 100 - tail])
-            out[name][metric] = {"difference": float(np.nanmedian(difference)), "low": float(low), "high": float(high)}
+            resampled = difference[1:][np.isfinite(difference[1:])]
+            if not np.isfinite(difference[0]) or resampled.size == 0:  # a constant predictor has no Spearman
+                out[name][metric] = None
+                continue
+            low, high = np.percentile(resampled, [tail, 100 - tail])
+            out[name][metric] = {"difference": float(difference[0]), "low": float(low), "high": float(high)}
     return out
 
 
@@ -166,9 +171,9 @@ def censored_scores(requests: CensoredRequests, static: Sequence[float], dynamic
     }
 
 
-def interval_text(entry: Mapping[str, float], digits: int = 3) -> str:
-    return f"{entry['difference']:+.{digits}f} [{entry['low']:+.{digits}f}, {entry['high']:+.{digits}f}]"
-
-
-def excludes_zero(entry: Mapping[str, float]) -> bool:
-    return entry["low"] > 0 or entry["high"] < 0
+def interval_text(entry: Optional[Mapping[str, float]], digits: int = 3) -> str:
+    """``+d [low, high]``, bold where the interval excludes zero; "–" where there is no difference."""
+    if entry is None:
+        return "–"
+    text = f"{entry['difference']:+.{digits}f} [{entry['low']:+.{digits}f}, {entry['high']:+.{digits}f}]"
+    return f"**{text}**" if entry["low"] > 0 or entry["high"] < 0 else text

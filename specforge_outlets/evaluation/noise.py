@@ -26,6 +26,7 @@ class NoiseSamples:
     unfinished: int = 0  # first turns cut by the token limit, left out
     ignored_rows: int = 0  # rows whose id is not a test row
     files: List[str] = field(default_factory=list)
+    drawn: Dict[str, int] = field(default_factory=dict)  # row id -> samples drawn, cut ones included
 
 
 def _first_turn(row: Dict[str, Any], where: str) -> int:
@@ -45,7 +46,8 @@ def load_noise_samples(paths: Sequence[str], test: Split, tokenizer, end_id: int
     from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 
     first_turns = {r.row_id: r for r in test.with_censored().requests if r.turn == 0}
-    samples = NoiseSamples({row_id: [] if r.censored else [r.length] for row_id, r in first_turns.items()})
+    samples = NoiseSamples({row_id: [] if r.censored else [r.length] for row_id, r in first_turns.items()},
+                           drawn={row_id: 1 for row_id in first_turns})
     for path in paths:
         seen = set()
         try:
@@ -63,6 +65,7 @@ def load_noise_samples(paths: Sequence[str], test: Split, tokenizer, end_id: int
             if row_id in seen:
                 raise OutletsError(f"{where}: id {row_id} appears twice in this file; one sample per prompt and file")
             seen.add(row_id)
+            samples.drawn[row_id] += 1
             index = _first_turn(row, where)
             turns = row["conversations"][: index + 1]
             expected = first_turns[row_id].messages

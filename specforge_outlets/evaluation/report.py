@@ -24,7 +24,7 @@ import numpy as np
 
 from specforge_outlets.evaluation.predictions_file import PredictionRow
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation import metrics
+from specforge_outlets.evaluation import ceiling, censoring, metrics
 from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.requests import Split
@@ -54,6 +54,38 @@ def score(test: Split, predictions: List[Prediction], dynamic_source: str, *,
         "mae_by_length_bucket": metrics.mae_by_length_bucket(lengths, static, dynamic, short_max, long_min),
         "calibration": metrics.calibration(lengths, static, threshold=share_threshold),
     }
+
+
+def censoring_section(everything: Split, predictions: Dict[str, List[Prediction]], reference: str,
+                      *, seed: int = 0) -> Dict[str, Any]:
+    """Every predictor on every test request, censored ones included, and its paired difference from ``reference``."""
+    requests = censoring.CensoredRequests.of(everything.lengths, [r.censored for r in everything.requests])
+    static = {name: [p.static for p in values] for name, values in predictions.items()}
+    dynamic = {name: censoring.dynamic_error_bounds(requests, [
+        p.dynamic if p.dynamic is not None else metrics.countdown(p.static, r.length)
+        for p, r in zip(values, everything.requests)]) for name, values in predictions.items()}
+    return {
+        "reference": reference,
+        "scores": {name: censoring.censored_scores(requests, static[name], dynamic[name], seed=seed) for name in static},
+        "paired_differences": censoring.paired_differences(requests, static, dynamic, reference, seed=seed),
+    }
+
+
+def ceiling_section(samples: NoiseSamples, test: Split, predictions: Dict[str, List[Prediction]],
+                    *, seed: int = 0) -> Optional[Dict[str, Any]]:
+    """The floor and ranking ceiling on the scored prompts with repeated samples, each predictor on those rows."""
+    first_turns = {r.row_id: index for index, r in enumerate(test.requests) if r.turn == 0}
+    rows = ceiling.ceiling_rows(samples.lengths, list(first_turns))
+    if len(rows) < 3:
+        return None
+    lengths = [samples.lengths[row_id][0] for row_id in rows]
+    same_rows = {}
+    for name, values in predictions.items():
+        static = [values[first_turns[row_id]].static for row_id in rows]
+        same_rows[name] = {"static_mae": metrics.static_mae(lengths, static), "spearman": metrics.spearman(static, lengths)}
+    return {**ceiling.ranking_ceiling(samples.lengths, rows, seed=seed),
+            "prompts_with_4_samples": sum(1 for count in samples.drawn.values() if count >= 4),
+            "predictors_on_these_rows": same_rows}
 
 
 def noise_floor(samples: NoiseSamples, *, seed: int = 0) -> Dict[str, Any]:
@@ -135,6 +167,7 @@ def markdown(report: Dict[str, Any]) -> str:
         lines += ["", f"Sampling-noise floor: each of {floor['n_samples']} finished first-turn samples of {floor['n_prompts']} "
                   f"test prompts (the test response and {len(floor['files'])} regenerated file(s)) predicted by the median "
                   f"of the same prompt's other samples; {floor['unfinished_samples']} cut samples left out."]
+    lines += censoring_markdown(report)
     lines += ["", "## MAE by true length (static / dynamic)", "",
               "Short L < {short}, long L > {long}.".format(**report["settings"]["buckets"]), "",
               "| predictor | " + " | ".join(metrics.BUCKETS) + " |", "|---|" + "---:|" * len(metrics.BUCKETS)]
@@ -192,6 +225,53 @@ def markdown(report: Dict[str, Any]) -> str:
     for name, entry in report["predictors"].items():
         lines.append(f"- **{name}**: {entry['description']}")
     return "\n".join(lines) + "\n"
+
+
+def censoring_markdown(report: Dict[str, Any]) -> List[str]:
+    """The censoring-aware table, the paired differences from the reference and the ceiling on the same rows."""
+    section = report.get("censoring")
+    if not section:
+        return []
+    scores = section["scores"]
+    first = next(iter(scores.values()))
+    lines = ["", f"## Every test request, censored ones included ({first['n_requests']} requests, "
+             f"{first['n_censored']} cut by the token limit)", "",
+             "C-index: Harrell's concordance of r̂₀ with the length (a censored response is longer than every finished "
+             "one at or below its bound). MAE bounds: a censored response's error is max(0, cap − r̂), the least it can "
+             f"be. Said long: share of censored requests above the predictor's own {int(100 * censoring.SAYS_LONG_QUANTILE)}th "
+             "percentile (10% by chance).", "",
+             "| predictor | C-index | Spearman (cut at cap) | static MAE ≥ [95% CI] | dynamic MAE ≥ [95% CI] | censored said long |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, entry in scores.items():
+        said = entry["censored_said_long"]
+        lines.append(f"| {name} | {_fmt(entry['c_index'], 3)} | {_fmt(entry['spearman_censored_at_cap'], 3)} | "
+                     f"{_with_ci(entry['static_mae_lower_bound'], entry['static_mae_lower_bound_ci'])} | "
+                     f"{_with_ci(entry['dynamic_mae_lower_bound'], entry['dynamic_mae_lower_bound_ci'])} | "
+                     f"{'–' if said is None else f'{100 * said:.0f}%'} |")
+    columns = (("spearman", "Spearman (finished)"), ("static_mae", "static MAE (finished)"), ("c_index", "C-index"),
+               ("static_mae_censored", "static MAE ≥"), ("dynamic_mae_censored", "dynamic MAE ≥"))
+    lines += ["", f"### Paired differences from {section['reference']} (predictor − {section['reference']}; 95% paired "
+              "bootstrap interval; bold: the interval excludes 0)", "",
+              "| predictor | " + " | ".join(title for _, title in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for name, entry in section["paired_differences"].items():
+        cells = [censoring.interval_text(entry[key], 3 if key in ("spearman", "c_index") else 1) for key, _ in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    floor = report.get("ceiling")
+    if floor:
+        lines += ["", f"### Floor and ceiling on the same rows ({floor['n_prompts']} scored prompts with another finished "
+                  f"sample; {floor['prompts_with_4_samples']} test prompts have 4 or more samples)", "",
+                  f"Intraclass correlation of log(1 + L) (ICC(1), unbiased): {floor['icc_log_length']:.3f}. Ranking ceiling: "
+                  f"naive {_fmt(floor['spearman_naive'], 3)} (the scored sample against the mean log length of "
+                  f"{floor['samples_per_prompt_mean'] - 1:.1f} other samples), corrected for the attenuation of that mean "
+                  f"(reliability {floor['other_samples_reliability']:.3f}) {_fmt(floor['spearman_corrected'], 3)}, from the "
+                  f"ICC alone {_fmt(floor['spearman_from_icc'], 3)}. Floor: the scored sample against the median of its "
+                  f"prompt's others, static MAE {_with_ci(floor['floor_static_mae'], floor['floor_static_mae_ci'])}.", "",
+                  "| predictor | Spearman on these rows | static MAE on these rows |", "|---|---:|---:|"]
+        for name, entry in floor["predictors_on_these_rows"].items():
+            lines.append(f"| {name} | {_fmt(entry['spearman'], 3)} | {_fmt(entry['static_mae'])} |")
+        lines.append(f"| ceiling (corrected) / floor | {_fmt(floor['spearman_corrected'], 3)} | "
+                     f"{_fmt(floor['floor_static_mae'])} |")
+    return lines
 
 
 def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Prediction]], directory: str) -> List[str]:
