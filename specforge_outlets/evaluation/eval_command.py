@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.evaluation.predictions_file import write_predictions
+from specforge_outlets.training.settings import CENSORED_TARGETS
 from specforge_outlets.evaluation.report_file import REPORT_VERSION, write_report
 from specforge_outlets.errors import OutletsError
 
@@ -60,6 +61,10 @@ def register(subparsers) -> None:
                         help="the test responses' generation limit (pia clips to it); default: the regeneration summary's")
     parser.add_argument("--share-threshold", type=int, default=800,
                         help="calibration: share of requests predicted / truly at or above this many tokens")
+    parser.add_argument("--censored-training", choices=CENSORED_TARGETS, default=CENSORED_TARGETS[0],
+                        help="learned baselines: leave censored training responses out (drop), or fit them "
+                             "one-sided, as at least their generated length (one_sided; OUTLETS' own head is set "
+                             "by its recipe's outlets.length_censored)")
     parser.add_argument("--classifier-lm", help="lm-classifier: another causal LM directory (default: the target's states)")
     parser.add_argument("--ttt-length", type=int, default=3, help="drafting: TTT steps unrolled (default 3, the CPU recipes')")
     parser.add_argument("--no-drafting", action="store_true", help="skip the drafting-quality pass")
@@ -180,7 +185,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
     context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
                           device=args.device, seed=args.seed, progress=progress,
-                          options={"classifier_lm": args.classifier_lm})
+                          options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training})
     predictors = ([OutletsPredictor(context, draft, args.draft)] if draft is not None else [])
     if drafts["lp_only_draft"] is not None:
         predictors.append(OutletsPredictor(context, drafts["lp_only_draft"], args.lp_only_draft, *LP_ONLY))
@@ -252,6 +257,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         "settings": {"buckets": {"short": args.short_max, "long": args.long_min}, "ttt_length": args.ttt_length,
                      "seed": args.seed, "baselines": baselines, "compile": args.compile,
                      "max_new_tokens": context.max_new_tokens, "share_threshold": args.share_threshold,
+                     "censored_training": args.censored_training,
                      "bootstrap": {"resamples": metrics.BOOTSTRAP_RESAMPLES, "confidence": metrics.CONFIDENCE,
                                    "seed": args.seed}},
         "predictors": results,

@@ -10,7 +10,10 @@ Sharing it is what makes the comparison fair: no baseline gets more care than an
   of a request fall on the same side, so the probe cannot validate on its own training
   responses): train on the rest, keep the epoch with the lowest validation loss (stopping
   ``patience`` epochs after it), then refit on the whole training split for that many epochs;
-- one seed drives the validation split, the initialisation and the minibatch order.
+- one seed drives the validation split, the initialisation and the minibatch order;
+- rows marked ``censored`` (a response cut by the token limit: its target is a lower bound) are
+  fitted one-sided, as OUTLETS' own head is with ``outlets.length_censored: one_sided``: penalised
+  only below the bound (regression: ``relu(y - out)^2``; classes: ``-log P(class >= y)``).
 """
 
 from __future__ import annotations
@@ -76,16 +79,18 @@ def fit_head(
     seed: int,
     groups: Optional[torch.Tensor] = None,  # [N] request index of each row (default: one request per row)
     sample_weight: Optional[torch.Tensor] = None,  # [N]
+    censored: Optional[torch.Tensor] = None,  # [N] bool: y is a lower bound
 ) -> FittedHead:
     x = x.float()
     groups = torch.arange(len(x)) if groups is None else groups
     weights = torch.ones(len(x)) if sample_weight is None else sample_weight.float()
+    censored = torch.zeros(len(x), dtype=torch.bool) if censored is None else censored.bool()
     held = validation_rows(groups, settings.validation_share, seed)
     kept = ~held
-    _, losses = _train(x[kept], y[kept], weights[kept], settings, seed, settings.max_epochs,
-                       validation=(x[held], y[held], weights[held]))
+    _, losses = _train(x[kept], y[kept], weights[kept], censored[kept], settings, seed, settings.max_epochs,
+                       validation=(x[held], y[held], weights[held], censored[held]))
     best = min(range(len(losses)), key=losses.__getitem__)
-    model, _ = _train(x, y, weights, settings, seed, best)
+    model, _ = _train(x, y, weights, censored, settings, seed, best)
     return FittedHead(model, best, losses[best], int(groups[held].unique().numel()))
 
 
@@ -102,15 +107,21 @@ def validation_rows(groups: torch.Tensor, share: float, seed: int) -> torch.Tens
     return torch.isin(groups, chosen)
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, classes: int) -> torch.Tensor:
+def _loss(out: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, censored: torch.Tensor,
+          classes: int) -> torch.Tensor:
     if classes == 1:
-        losses = (out.squeeze(-1) - y.float()) ** 2
+        error = out.squeeze(-1) - y.float()
+        losses = torch.where(censored, nn.functional.relu(-error), error) ** 2
     else:
-        losses = nn.functional.cross_entropy(out, y.long(), reduction="none")
+        log_p = nn.functional.log_softmax(out, dim=-1)
+        at_or_above = torch.arange(classes)[None, :] >= y.long()[:, None]
+        tail = torch.logsumexp(log_p.masked_fill(~at_or_above, float("-inf")), dim=-1)
+        losses = -torch.where(censored, tail, log_p.gather(-1, y.long()[:, None]).squeeze(-1))
     return (losses * weights).sum() / weights.sum()
 
 
 def _initialise_output(model: Standardised, y: torch.Tensor, weights: torch.Tensor, classes: int) -> None:
+    """The best constant of the exact rows (``y``, ``weights`` of uncensored rows): where training starts."""
     last = model.body[-1]
     with torch.no_grad():
         last.weight.zero_()
@@ -121,13 +132,13 @@ def _initialise_output(model: Standardised, y: torch.Tensor, weights: torch.Tens
             last.bias.copy_(torch.log((counts + 1) / (counts.sum() + classes)))
 
 
-def _train(x, y, weights, settings: HeadSettings, seed: int, epochs: int,
-           validation: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> Tuple[nn.Module, List[float]]:
+def _train(x, y, weights, censored, settings: HeadSettings, seed: int, epochs: int,
+           validation: Optional[Tuple[torch.Tensor, ...]] = None) -> Tuple[nn.Module, List[float]]:
     """Train for ``epochs``; with ``validation``, its loss after each epoch (index 0: before training)."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = Standardised(x, mlp(x.shape[1], settings.hidden, settings.outputs))
-    _initialise_output(model, y, weights, settings.outputs)
+    _initialise_output(model, y[~censored], weights[~censored], settings.outputs)
     optimiser = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     losses: List[float] = []
 
@@ -136,14 +147,14 @@ def _train(x, y, weights, settings: HeadSettings, seed: int, epochs: int,
         if validation is None:
             return True
         with torch.no_grad():
-            losses.append(float(_loss(model(validation[0]), validation[1], validation[2], settings.outputs)))
+            losses.append(float(_loss(model(validation[0]), *validation[1:], settings.outputs)))
         best = min(range(len(losses)), key=losses.__getitem__)
         return len(losses) - 1 - best < settings.patience
 
     validate()
     for _ in range(epochs):
         for batch in torch.randperm(len(x), generator=generator).split(settings.batch_size):
-            loss = _loss(model(x[batch]), y[batch], weights[batch], settings.outputs)
+            loss = _loss(model(x[batch]), y[batch], weights[batch], censored[batch], settings.outputs)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()

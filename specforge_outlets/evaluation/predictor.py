@@ -53,6 +53,11 @@ class Predictor:
     def fit(self, train: Split) -> None:
         raise NotImplementedError
 
+    def training_split(self, train: Split) -> Split:
+        """What a learned predictor fits on: with ``--censored-training one_sided``, the censored
+        responses too (their ``length`` a lower bound, fitted one-sided by ``heads.fit_head``)."""
+        return train.with_censored() if self.context.options.get("censored_training") == "one_sided" else train
+
     def predict(self, test: Split) -> List[Prediction]:
         raise NotImplementedError
 

@@ -16,7 +16,9 @@ from specforge_outlets.model.fusion import default_fusion_layers, validate_fusio
 HEAD_TYPES = ("regression", "buckets")
 BIAS_INITS = ("mean", "zero")
 WEIGHTINGS = ("per_response", "pooled")  # see training.objective.LengthWeighting
-CENSORED_TARGETS = ("drop", "one_sided")  # see training.objective.fit_length
+# Censored training responses: left out, or fitted one-sided (training.objective.fit_length, and
+# evaluation.heads.fit_head for the learned baselines of `outlets eval --censored-training`).
+CENSORED_TARGETS = ("drop", "one_sided")
 NUMBERS = ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight", "length_ttt_decay",
            "length_head_lr_scale")
 DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by head_type: buckets

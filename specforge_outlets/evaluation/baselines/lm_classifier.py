@@ -66,9 +66,11 @@ class BucketClassifierPredictor(Predictor):
         return torch.stack(out)
 
     def fit(self, train: Split) -> None:
+        train = self.training_split(train)
         x = self.embeddings(train, "lm-classifier: embed train")
         y = bucket_index(torch.as_tensor(train.lengths), BUCKET_EDGES)
-        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed)
+        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed,
+                          censored=torch.tensor([r.censored for r in train.requests]))
         self.model = fitted.model
         self.info.update(fitted.info())
 

@@ -44,7 +44,8 @@ class ProbePredictor(Predictor):
         raise NotImplementedError
 
     def fit(self, train: Split) -> None:
-        xs, ys, ws, groups = [], [], [], []
+        train = self.training_split(train)
+        xs, ys, ws, groups, censored = [], [], [], [], []
         for _, features, members in tqdm(train.by_file(), total=len(train.files()), desc=f"{self.name}: read train",
                                          unit="file", disable=not self.context.progress, leave=False):
             hidden = self.states(features).float()
@@ -54,8 +55,9 @@ class ProbePredictor(Predictor):
                 ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
                 ws.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
                 groups.append(torch.full((len(t),), index))
+                censored.append(torch.full((len(t),), request.censored))  # then length - t is a lower bound
         fitted = fit_head(torch.cat(xs), torch.cat(ys), SETTINGS, seed=self.context.seed,
-                          groups=torch.cat(groups), sample_weight=torch.cat(ws))
+                          groups=torch.cat(groups), sample_weight=torch.cat(ws), censored=torch.cat(censored))
         self.model = fitted.model
         self.info.update(layer=self.layer(train), training_positions=sum(len(x) for x in xs), **fitted.info())
 

@@ -71,9 +71,11 @@ class PromptEncoderPredictor(Predictor):
         return torch.cat(out)
 
     def fit(self, train: Split) -> None:
+        train = self.training_split(train)
         x = self.embeddings(train, "bert: embed train")
         y = torch.log1p(torch.as_tensor(train.lengths, dtype=torch.float32))
-        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed)
+        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed,
+                          censored=torch.tensor([r.censored for r in train.requests]))
         self.model = fitted.model
         self.info.update(fitted.info())
 
