@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.heads import HeadSettings, _train, fit_head, validation_rows
+from specforge_outlets.evaluation.heads import CrossEntropy, HeadSettings, SquaredError, _train, fit_head, validation_rows
 
 
 def test_output_starts_at_the_mean_training_target():
@@ -12,7 +12,8 @@ def test_output_starts_at_the_mean_training_target():
     y = torch.arange(40.0)
     weights = torch.ones(40)
     weights[:20] = 3.0  # the weighted mean: (3 * 190 + 590) / 80 = 14.5
-    model, _ = _train(x, y, weights, torch.zeros(len(x), dtype=torch.bool), HeadSettings(hidden=(8,)), 0, epochs=0)
+    model, _ = _train(x, y, weights, torch.zeros(len(x), dtype=torch.bool), HeadSettings(hidden=(8,)), SquaredError(), 0,
+                      epochs=0)
     assert torch.allclose(model(x).squeeze(-1), torch.full((40,), 14.5))
     # a constant target: the start is exact, no epoch beats it on validation, so 0 epochs are kept
     fitted = fit_head(x, torch.full((40,), 7.0), HeadSettings(hidden=(8,), max_epochs=5), seed=0)
@@ -21,7 +22,8 @@ def test_output_starts_at_the_mean_training_target():
 
 def test_classifier_starts_at_the_class_frequencies():
     y = torch.tensor([0, 0, 0, 1])  # 3 classes, Laplace-smoothed: (4, 2, 1) / 7
-    model, _ = _train(torch.randn(4, 2), y, torch.ones(4), torch.zeros(4, dtype=torch.bool), HeadSettings(outputs=3), 0,
+    model, _ = _train(torch.randn(4, 2), y, torch.ones(4), torch.zeros(4, dtype=torch.bool), HeadSettings(outputs=3),
+                      CrossEntropy(3), 0,
                       epochs=0)
     probabilities = torch.softmax(model(torch.randn(1, 2)), -1)[0]
     assert torch.allclose(probabilities, torch.tensor([4.0, 2.0, 1.0]) / 7)

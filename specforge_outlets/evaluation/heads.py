@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.model.length_head import tail_log_probability
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,48 @@ def mlp(inputs: int, hidden: Sequence[int], outputs: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class HeadLoss:
+    """A head's training loss per row, and the constant output it starts from."""
+
+    outputs: int
+
+    def rows(self, out: torch.Tensor, y: torch.Tensor, censored: torch.Tensor) -> torch.Tensor:
+        """[N, outputs] outputs, [N] targets and censoring flags -> [N] losses."""
+        raise NotImplementedError
+
+    def initialise(self, last: nn.Linear, y: torch.Tensor, weights: torch.Tensor) -> None:
+        """Set the output layer's bias to the best constant of these (uncensored) targets."""
+        raise NotImplementedError
+
+
+class SquaredError(HeadLoss):
+    """Regression: ``(out - y)^2``; censored rows ``relu(y - out)^2``."""
+
+    outputs = 1
+
+    def rows(self, out, y, censored):
+        error = out.squeeze(-1) - y.float()
+        return torch.where(censored, nn.functional.relu(-error), error) ** 2
+
+    def initialise(self, last, y, weights):
+        last.bias.fill_(float((y.float() * weights).sum() / weights.sum()))
+
+
+class CrossEntropy(HeadLoss):
+    """Classes: ``-log P(y)``; censored rows ``-log P(class >= y)``."""
+
+    def __init__(self, outputs: int) -> None:
+        self.outputs = outputs
+
+    def rows(self, out, y, censored):
+        log_p = nn.functional.log_softmax(out, dim=-1)
+        return -torch.where(censored, tail_log_probability(log_p, y.long()), log_p.gather(-1, y.long()[:, None]).squeeze(-1))
+
+    def initialise(self, last, y, weights):  # Laplace-smoothed, so a class absent from training stays reachable
+        counts = torch.bincount(y.long(), weights=weights, minlength=self.outputs).float()
+        last.bias.copy_(torch.log((counts + 1) / (counts.sum() + self.outputs)))
+
+
 def fit_head(
     x: torch.Tensor,  # [N, D]
     y: torch.Tensor,  # [N] float targets (regression) or int64 classes
@@ -80,17 +123,20 @@ def fit_head(
     groups: Optional[torch.Tensor] = None,  # [N] request index of each row (default: one request per row)
     sample_weight: Optional[torch.Tensor] = None,  # [N]
     censored: Optional[torch.Tensor] = None,  # [N] bool: y is a lower bound
+    loss: Optional[HeadLoss] = None,  # default: squared error for 1 output, cross-entropy for more
 ) -> FittedHead:
+    loss = loss or (SquaredError() if settings.outputs == 1 else CrossEntropy(settings.outputs))
+    assert loss.outputs == settings.outputs, (loss.outputs, settings.outputs)
     x = x.float()
     groups = torch.arange(len(x)) if groups is None else groups
     weights = torch.ones(len(x)) if sample_weight is None else sample_weight.float()
     censored = torch.zeros(len(x), dtype=torch.bool) if censored is None else censored.bool()
     held = validation_rows(groups, settings.validation_share, seed)
     kept = ~held
-    _, losses = _train(x[kept], y[kept], weights[kept], censored[kept], settings, seed, settings.max_epochs,
+    _, losses = _train(x[kept], y[kept], weights[kept], censored[kept], settings, loss, seed, settings.max_epochs,
                        validation=(x[held], y[held], weights[held], censored[held]))
     best = min(range(len(losses)), key=losses.__getitem__)
-    model, _ = _train(x, y, weights, censored, settings, seed, best)
+    model, _ = _train(x, y, weights, censored, settings, loss, seed, best)
     return FittedHead(model, best, losses[best], int(groups[held].unique().numel()))
 
 
@@ -107,38 +153,19 @@ def validation_rows(groups: torch.Tensor, share: float, seed: int) -> torch.Tens
     return torch.isin(groups, chosen)
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, censored: torch.Tensor,
-          classes: int) -> torch.Tensor:
-    if classes == 1:
-        error = out.squeeze(-1) - y.float()
-        losses = torch.where(censored, nn.functional.relu(-error), error) ** 2
-    else:
-        log_p = nn.functional.log_softmax(out, dim=-1)
-        at_or_above = torch.arange(classes)[None, :] >= y.long()[:, None]
-        tail = torch.logsumexp(log_p.masked_fill(~at_or_above, float("-inf")), dim=-1)
-        losses = -torch.where(censored, tail, log_p.gather(-1, y.long()[:, None]).squeeze(-1))
-    return (losses * weights).sum() / weights.sum()
+def _weighted(loss: HeadLoss, out, y, weights, censored) -> torch.Tensor:
+    return (loss.rows(out, y, censored) * weights).sum() / weights.sum()
 
 
-def _initialise_output(model: Standardised, y: torch.Tensor, weights: torch.Tensor, classes: int) -> None:
-    """The best constant of the exact rows (``y``, ``weights`` of uncensored rows): where training starts."""
-    last = model.body[-1]
-    with torch.no_grad():
-        last.weight.zero_()
-        if classes == 1:
-            last.bias.fill_(float((y.float() * weights).sum() / weights.sum()))
-        else:  # Laplace-smoothed, so a class absent from training stays reachable
-            counts = torch.bincount(y.long(), weights=weights, minlength=classes).float()
-            last.bias.copy_(torch.log((counts + 1) / (counts.sum() + classes)))
-
-
-def _train(x, y, weights, censored, settings: HeadSettings, seed: int, epochs: int,
+def _train(x, y, weights, censored, settings: HeadSettings, loss: HeadLoss, seed: int, epochs: int,
            validation: Optional[Tuple[torch.Tensor, ...]] = None) -> Tuple[nn.Module, List[float]]:
     """Train for ``epochs``; with ``validation``, its loss after each epoch (index 0: before training)."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = Standardised(x, mlp(x.shape[1], settings.hidden, settings.outputs))
-    _initialise_output(model, y[~censored], weights[~censored], settings.outputs)
+    with torch.no_grad():  # start at the best constant: zero last-layer weights, the constant's bias
+        model.body[-1].weight.zero_()
+        loss.initialise(model.body[-1], y[~censored], weights[~censored])
     optimiser = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     losses: List[float] = []
 
@@ -147,16 +174,16 @@ def _train(x, y, weights, censored, settings: HeadSettings, seed: int, epochs: i
         if validation is None:
             return True
         with torch.no_grad():
-            losses.append(float(_loss(model(validation[0]), *validation[1:], settings.outputs)))
+            losses.append(float(_weighted(loss, model(validation[0]), *validation[1:])))
         best = min(range(len(losses)), key=losses.__getitem__)
         return len(losses) - 1 - best < settings.patience
 
     validate()
     for _ in range(epochs):
         for batch in torch.randperm(len(x), generator=generator).split(settings.batch_size):
-            loss = _loss(model(x[batch]), y[batch], weights[batch], censored[batch], settings.outputs)
+            batch_loss = _weighted(loss, model(x[batch]), y[batch], weights[batch], censored[batch])
             optimiser.zero_grad()
-            loss.backward()
+            batch_loss.backward()
             optimiser.step()
         if not validate():
             break

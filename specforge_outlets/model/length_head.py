@@ -62,6 +62,12 @@ def bucket_index(remaining: torch.Tensor, edges: Sequence[int]) -> torch.Tensor:
     return torch.bucketize(remaining, torch.tensor(list(edges), device=remaining.device), right=True)
 
 
+def tail_log_probability(log_p: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+    """``log P(bucket >= buckets[i])`` per row of ``[N, K]`` log-probabilities: a censored length's likelihood."""
+    at_or_above = torch.arange(log_p.shape[-1], device=log_p.device)[None, :] >= buckets[:, None]
+    return torch.logsumexp(log_p.masked_fill(~at_or_above, float("-inf")), dim=-1)
+
+
 def log_remaining_to_tokens(z: torch.Tensor) -> torch.Tensor:
     """Invert z = log(1 + r), clamped at zero tokens."""
     return torch.expm1(z.float()).clamp_min(0.0)

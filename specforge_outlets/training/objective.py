@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specforge_outlets.data.labels import NO_LABEL
-from specforge_outlets.model.length_head import LengthHead, bucket_index, log_remaining_to_tokens
+from specforge_outlets.model.length_head import LengthHead, bucket_index, log_remaining_to_tokens, tail_log_probability
 from specforge_outlets.training.settings import WEIGHTINGS, OutletsSettings
 
 
@@ -128,9 +128,7 @@ def fit_length(
     else:
         log_p = F.log_softmax(raw.float(), dim=-1)  # [N, buckets]
         bucket = bucket_index(remaining, bucket_edges)
-        at_or_above = torch.arange(log_p.shape[-1], device=log_p.device)[None, :] >= bucket[:, None]
-        tail = torch.logsumexp(log_p.masked_fill(~at_or_above, float("-inf")), dim=-1)
-        per_position = torch.where(censored, -tail, -log_p.gather(-1, bucket[:, None]).squeeze(-1))
+        per_position = -torch.where(censored, tail_log_probability(log_p, bucket), log_p.gather(-1, bucket[:, None]).squeeze(-1))
     loss = (weights * per_position).sum() / weights.sum()
     with torch.no_grad():
         abs_tokens = (log_remaining_to_tokens(z_pred) - remaining.float()).abs()[exact]
