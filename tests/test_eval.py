@@ -127,7 +127,12 @@ def test_each_baseline_trains_and_predicts(chat, name):
     if name.startswith("probe"):
         assert [p.dynamic.shape for p in predictions] == [(r.length,) for r in test.requests]
         assert "hidden_states[" in predictor.info["layer"]
-    if name in ("probe-mid", "probe-last", "bert", "lm-classifier"):  # the shared fitting recipe
+    if name == "egtp":  # the progressive variant re-predicts at every position
+        assert [p.dynamic.shape for p in predictions] == [(r.length,) for r in test.requests]
+    if name in ("egtp", "estp"):  # the depth chosen by validation loss, both recorded
+        losses = predictor.info["validation_loss_by_depth"]
+        assert set(losses) == {"mid", "last"} and predictor.info["layer"] == min(losses, key=losses.get)
+    if name in ("probe-mid", "probe-last", "bert", "lm-classifier", "egtp", "estp"):  # the shared fitting recipe
         assert predictor.info["epochs"] >= 0 and predictor.info["validation_requests"] >= 1
     if name == "constant":
         assert {p.static for p in predictions} == {float(np.median(train.lengths))}
@@ -135,7 +140,7 @@ def test_each_baseline_trains_and_predicts(chat, name):
         remaining = predictor.remaining_median(40)
         running = np.array(train.lengths)[np.array(train.lengths) > 5]
         assert remaining[5] == np.median(running - 5)
-    if name in ("probe-mid", "probe-last", "bert", "lm-classifier"):
+    if name in ("probe-mid", "probe-last", "bert", "lm-classifier", "egtp", "estp"):
         # fitted on a learnable signal (the prompt says short or long): beats the training median on train
         fitted = predictor.predict(train)
         mae = np.mean([abs(p.static - r.length) for p, r in zip(fitted, train.requests)])

@@ -1,7 +1,7 @@
 """``outlets eval``: OUTLETS' length predictions against the baselines, drafting quality, overhead.
 
     outlets eval --draft EXPORT [--sd-only-draft EXPORT] [--lp-only-draft EXPORT] --features TEST \
-        --train-features TRAIN --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia] \
+        --train-features TRAIN --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia,egtp,estp] \
         [--noise-samples A.jsonl B.jsonl ...]
 
 Every predictor is fitted on the train split and scored on the test split (``metrics``). The report
@@ -34,6 +34,8 @@ BASELINES = {
     "bert": "specforge_outlets.evaluation.baselines.prompt_encoder:PromptEncoderPredictor",
     "lm-classifier": "specforge_outlets.evaluation.baselines.lm_classifier:BucketClassifierPredictor",
     "pia": "specforge_outlets.evaluation.baselines.instruction:InstructionPredictor",
+    "egtp": "specforge_outlets.evaluation.baselines.egtp:EgtpPredictor",
+    "estp": "specforge_outlets.evaluation.baselines.estp:EstpPredictor",
 }
 ALIASES = {"probe": ("probe-mid", "probe-last")}  # the probe at both depths, as TRAIL compares them
 PREDICTIONS_GZ = "predictions.jsonl.gz"
