@@ -230,6 +230,32 @@ def test_feature_subsets_are_nested_links_with_their_own_manifest(tmp_path):
         subset_features(str(source), str(tmp_path / "s3"), 3)
 
 
+def test_validation_split_holds_out_whole_prompt_groups(tmp_path):
+    from specforge_outlets.data.feature_subset import split_validation
+    from specforge_outlets.data.prompt_groups import check_split_groups
+
+    source = tmp_path / "features"
+    source.mkdir()
+    rows, entries = [], []
+    for i in range(40):
+        prompt = f"Question number {i // 2} about topic {i // 2}, asked twice"  # every prompt has a twin
+        rows.append({"id": f"r{i}", "conversations": [{"role": "user", "content": prompt},
+                                                      {"role": "assistant", "content": "a"}]})
+        (source / f"data_{i}.ckpt").write_bytes(b"x")
+        entries.append({"file": f"data_{i}.ckpt", "id": f"r{i}"})
+    write_jsonl(tmp_path / "regen.jsonl", rows)
+    (source / "manifest.json").write_text(json.dumps({"input": str(tmp_path / "regen.jsonl"), "files": entries}))
+    train, validation = split_validation(str(source), str(tmp_path / "fit"), str(tmp_path / "val"), 0.25)
+    ids = {part: [e["id"] for e in json.loads((tmp_path / part / "manifest.json").read_text())["files"]]
+           for part in ("fit", "val")}
+    assert len(ids["val"]) == 10 and len(ids["fit"]) == 30  # 5 of the 20 twin pairs
+    by_id = {row["id"]: row["conversations"][0]["content"] for row in rows}
+    check_split_groups({part: [(i, by_id[i]) for i in values] for part, values in ids.items()})  # no pair split
+    (source / "manifest.json").write_text(json.dumps({"input": str(tmp_path / "gone.jsonl"), "files": entries}))
+    with pytest.raises(OutletsError, match="needs the prompts"):
+        split_validation(str(source), str(tmp_path / "fit2"), str(tmp_path / "val2"), 0.25)
+
+
 def test_the_manifest_has_one_atomic_writer_and_one_reader_that_names_a_bad_file(tmp_path):
     from specforge_outlets.data.manifest import read_manifest, write_manifest
     from specforge_outlets.errors import OutletsError
