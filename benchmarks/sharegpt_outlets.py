@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from typing import List, Optional, Sequence
 
@@ -92,17 +93,36 @@ def regen_files() -> List[str]:
 
 
 def capture_input(regen: str, split: str) -> str:
-    """The file ``capture`` reads: for the test split, the censored responses too.
+    """The file ``capture`` reads: every response of the split, the censored ones too.
 
-    A censored response is never scored, but the serving study needs every test request's
-    predictions, the long tail included (its true length is at least the limit).
+    A censored response has no label, only a lower bound: training fits it one-sided
+    (``outlets.length_censored``, ``--censored-training``) and drafts on its tokens, the test
+    scores count it through the censoring-aware metrics, and the serving study needs every test
+    request's predictions, the long tail included.
     """
     path = os.path.join(regen, f"{split}.jsonl")
-    if split != "test":
-        return path
-    merged = os.path.join(regen, "test.with-censored.jsonl")
-    write_jsonl(merged, recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"]))
+    merged = os.path.join(regen, f"{split}.with-censored.jsonl")
+    if not os.path.exists(merged):  # written once: a resumed capture must read the same rows in the same order
+        write_jsonl(merged, recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"]))
     return merged
+
+
+def capture(args: argparse.Namespace, regen: str, split: str, output: str) -> None:
+    """``outlets capture`` of one split, ``--workers`` shards at once; resumed where an earlier run stopped."""
+    if os.path.exists(os.path.join(output, "manifest.json")):
+        print(f"skip (exists): {output}/manifest.json")
+        return
+    argv = [sys.executable, "-m", "specforge_outlets.cli", "capture", "--target", args.target,
+            "--input", capture_input(regen, split), "--output", output, "--split", split,
+            "--max-length", str(args.max_length), "--resume"]  # fmt: skip
+    if args.workers > 1:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        shards = [subprocess.Popen([*argv, "--shard", f"{k}/{args.workers}"], env=env) for k in range(args.workers)]
+        if any(shard.wait() != 0 for shard in shards):
+            raise SystemExit(f"capture of {split} failed in a shard; rerun to resume")
+    code = outlets(argv[3:])
+    if code != 0:
+        raise SystemExit(f"`outlets capture` of {split} failed with exit status {code}")
 
 
 def write_label_stats(regen: str) -> None:
@@ -189,9 +209,7 @@ def run() -> int:
         return 0
 
     for split in ("train", "test"):
-        step(os.path.join(features, split, "manifest.json"),
-             ["capture", "--target", args.target, "--input", capture_input(regen, split),
-              "--output", os.path.join(features, split), "--split", split, "--max-length", args.max_length])  # fmt: skip
+        capture(args, regen, split, os.path.join(features, split))
     if last < STAGES.index("train"):
         return 0
     train_features, test_features = os.path.join(features, "train"), os.path.join(features, "test")

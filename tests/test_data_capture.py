@@ -267,3 +267,24 @@ def test_the_manifest_has_one_atomic_writer_and_one_reader_that_names_a_bad_file
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(OutletsError, match=r"manifest\.json: not readable JSON .*re-run `outlets capture`"):
         read_manifest(str(tmp_path))
+
+
+def test_capture_in_shards_then_resume_gives_the_same_files_and_manifest(tmp_path):
+    target = make_chat_target(str(tmp_path / "target"))
+    rows = [{"id": f"r{i}", "conversations": [user(f"Question {i}?"), answer("words " * (i + 1))]} for i in range(5)]
+    source = write_jsonl(tmp_path / "r.jsonl", rows)
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    base = ["capture", "--target", target, "--input", source, "--dtype", "float32"]
+    assert run_command(capture_command, [*base, "--output", whole]) == 0
+    for shard in ("0/2", "1/2"):
+        assert run_command(capture_command, [*base, "--output", sharded, "--shard", shard, "--resume"]) == 0
+    assert not (sharded / "manifest.json").exists()  # a shard does not finish the directory
+    assert run_command(capture_command, [*base, "--output", sharded, "--resume"]) == 0
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in (whole, sharded)]
+    assert manifests[0]["files"] == manifests[1]["files"] and manifests[1]["counts"]["resumed"] == 5
+    for entry in manifests[0]["files"]:
+        a, b = (load_features(str(d / entry["file"])) for d in (whole, sharded))
+        assert all(torch.equal(a[key], b[key]) for key in a)
+    other = write_jsonl(tmp_path / "other.jsonl", rows[::-1])
+    with pytest.raises(OutletsError, match="holds another conversation than row r4"):
+        run_command(capture_command, [*base[:-4], "--input", other, "--dtype", "float32", "--output", sharded, "--resume"])

@@ -195,3 +195,44 @@ def test_resume_keeps_the_length_head_state(tiny_target, tiny_features, tmp_path
     assert any(not torch.equal(head(straight, 2)[k], head(straight, 4)[k]) for k in head(straight, 2))
     for key, value in head(straight, 4).items():
         assert torch.allclose(value, head(resumed, 4)[key], atol=1e-5), key
+
+
+def test_a_killed_run_restarted_on_its_directory_ends_where_an_uninterrupted_run_ends(tiny_target, tiny_features,
+                                                                                      tmp_path):
+    """SIGKILL after the first checkpoint, restart with resume_overrides: the same final state as never stopping."""
+    import signal
+    import time
+
+    from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
+
+    def command(out):
+        recipe = write_recipe(str(out / "recipe.yaml"), tiny_target, tiny_features, str(out),
+                              training={"max_steps": 6, "save_interval": 2}, tracking={"report_to": "none"})
+        return [sys.executable, "-m", "specforge_outlets.cli", "train", "--config", recipe]
+
+    def state(out):
+        path = complete_checkpoints(str(out), "tiny")[6]
+        return torch.load(os.path.join(path, "training_state.pt"), weights_only=False)["draft_state_dict"]
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    assert subprocess.run(command(straight), capture_output=True, timeout=900).returncode == 0
+    assert resume_overrides(str(killed), "tiny") == []  # nothing to resume: a fresh start
+    process = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.time() + 600
+    while not complete_checkpoints(str(killed), "tiny") and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done = complete_checkpoints(str(killed), "tiny")
+    assert done and max(done) < 6, done  # killed part-way
+    overrides = resume_overrides(str(killed), "tiny")
+    assert overrides == [f"training.resume_from={killed}"]
+    result = subprocess.run(command(killed) + overrides, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(complete_checkpoints(str(killed), "tiny")) == [2, 4, 6]
+    for key, value in state(straight).items():
+        assert torch.allclose(value, state(killed)[key], atol=1e-5), key
+    assert prune_checkpoints(str(killed), "tiny", keep=[2]) == [4]
+    assert sorted(complete_checkpoints(str(killed), "tiny")) == [2, 6]

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FEATURE_SUFFIX, save_features
@@ -36,6 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="stored hidden states")
     parser.add_argument("--split", help="split name for the manifest (default: the input file's stem)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the feature files already in --output (checked against their rows), capture the rest")
+    parser.add_argument("--shard", metavar="K/N",
+                        help="capture only rows K, K+N, K+2N, ... (one process per core); writes no manifest: "
+                             "a last run with --resume and no --shard writes it")
     parser.set_defaults(func=run)
 
 
@@ -74,8 +79,10 @@ def _capture(args: argparse.Namespace) -> int:
     from specforge_outlets.data.targets import end_of_turn_token_id, resolve_target
     from specforge_outlets.model.fusion import default_fusion_layers, to_specforge_layer_ids, validate_fusion_layers
 
-    if os.path.isdir(args.output) and any(name.endswith(FEATURE_SUFFIX) for name in os.listdir(args.output)):
-        raise OutletsError(f"--output {args.output} already holds feature files; choose a new directory")
+    if not args.resume and os.path.isdir(args.output) and any(n.endswith(FEATURE_SUFFIX) for n in os.listdir(args.output)):
+        raise OutletsError(f"--output {args.output} already holds feature files; choose a new directory "
+                           "(or --resume to keep them)")
+    shard, shards = _shard(args.shard)
     counts: Counter[str] = Counter()
     rows = read_rows(args.input)
     path = resolve_target(args.target)
@@ -97,6 +104,8 @@ def _capture(args: argparse.Namespace) -> int:
     files: List[Dict[str, Any]] = []
     started = time.time()
     for index, row in enumerate(tqdm(rows, desc="capture", unit="conv")):
+        if index % shards != shard:
+            continue
         row_id = row.get("id", f"row-{index}")
         try:
             tokens = tokenise_conversation(tokenizer, row["conversations"], end_id)
@@ -106,9 +115,14 @@ def _capture(args: argparse.Namespace) -> int:
         if len(tokens.input_ids) > limit:
             _skip(counts, "too long", f"row {row_id}: skipped: {len(tokens.input_ids)} tokens > limit {limit} (--max-length / context)")
             continue
-        features = capture.features(tokens)
         name = f"data_{index}{FEATURE_SUFFIX}"
-        save_features(os.path.join(args.output, name), features)
+        file_path = os.path.join(args.output, name)
+        features = _resumed(file_path, tokens, row_id) if args.resume and os.path.exists(file_path) else None
+        if features is None:
+            features = capture.features(tokens)
+            save_features(file_path, features)
+        else:
+            counts["resumed"] += 1
         labelled = int((features["remaining_length"] > 0).sum())
         counts["written"] += 1
         counts["labelled_tokens"] += labelled
@@ -133,12 +147,43 @@ def _capture(args: argparse.Namespace) -> int:
         "counts": dict(sorted(counts.items())),
         "files": files,
     }
+    if shards > 1:
+        print(f"shard {shard}/{shards}: wrote {counts['written']} feature files; run once more with --resume "
+              "and without --shard to check every file and write manifest.json")
+        return 0
     write_manifest(args.output, manifest)
     print(
         f"wrote {counts['written']} feature files ({counts['labelled_tokens']} labelled tokens, "
         f"{counts['censored_spans']} censored responses), skipped {counts['skipped']} -> {args.output}"
     )
     return 0
+
+
+def _shard(text: Optional[str]) -> Tuple[int, int]:
+    if not text:
+        return 0, 1
+    try:
+        shard, shards = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise OutletsError(f"--shard {text!r}: expected K/N, e.g. 0/2") from None
+    if not 0 <= shard < shards:
+        raise OutletsError(f"--shard {text}: K must be in 0..N-1")
+    return shard, shards
+
+
+def _resumed(path: str, tokens, row_id: str) -> Optional[Dict[str, Any]]:
+    """The features already in ``path`` when they are this row's (same tokens), else None (recaptured)."""
+    from specforge_outlets.data.features import FeatureFileError, load_features
+
+    try:
+        features = load_features(path)
+    except FeatureFileError as exc:
+        print(f"row {row_id}: {exc}; capturing it again")
+        return None
+    if features["input_ids"].tolist() != list(tokens.input_ids):
+        raise OutletsError(f"{path} holds another conversation than row {row_id} of --input; "
+                           "--resume needs the same --input file, in the same order")
+    return features
 
 
 def _fusion_layers(text, num_layers, default, validate) -> tuple:

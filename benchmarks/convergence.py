@@ -1,0 +1,184 @@
+"""OUTLETS, SD-only and LP-only drafts trained until their validation curves flatten (or a stated budget).
+
+Runs on the ShareGPT label set's captured features (``benchmarks/sharegpt_outlets.py --until
+capture``). Three subcommands, each resumable:
+
+    python benchmarks/convergence.py --run RUN split                 # validation split by prompt group
+    python benchmarks/convergence.py --run RUN train --draft outlets # train; killed or stopped, rerun it
+    python benchmarks/convergence.py --run RUN curve                 # evaluate new checkpoints only
+
+``train`` runs ``outlets train`` on one thread (a core stays free) to ``--budget`` optimizer steps
+with a checkpoint every ``--first-step`` (250); restarted, it resumes from the newest complete checkpoint
+(``training/resumable.py``). While it trains, every checkpoint at a doubling step (250, 500, 1,000,
+...) is evaluated on the validation split (``evaluation/checkpoint_curve.py``) and the draft is
+stopped once the last doubling improved each of its own objectives by under 2%. Curves go to
+``--report`` (default ``benchmarks/data/sharegpt-smollm2/convergence/``: ``curves.json`` and
+``curves.png``, committed). The test split is never read here. Keep ``--run`` outside
+the work tree: checkpoints are large and must outlive a fresh checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+from sharegpt_outlets import DRAFTS, PACKED, RECIPE
+
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.data.feature_subset import split_validation
+from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
+                                                           stop_reason)
+from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
+
+REPORT = os.path.join(PACKED, "convergence")  # curves.json and curves.png, committed
+POLL_S = 60.0  # seconds between looks for a new checkpoint while training
+VALIDATION_SHARE = 0.1  # of the train split's prompt groups
+# The method settings of the convergence runs: the recipe's, with censored responses trained
+# one-sided (the label-set work's choice: docs/training.md).
+METHOD = ("outlets.length_censored=one_sided",)
+
+
+def paths(run: str) -> Dict[str, str]:
+    base = os.path.join(run, "convergence")
+    return {"base": base, "fit": os.path.join(base, "features", "fit"), "val": os.path.join(base, "features", "val"),
+            "train": os.path.join(run, "features", "train")}
+
+
+def read_curves(args: argparse.Namespace) -> Dict[str, Any]:
+    path = os.path.join(args.report, "curves.json")
+    if not os.path.exists(path):
+        return {"budget": args.budget, "drafts": {}}
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def write_curves(args: argparse.Namespace, curves: Dict[str, Any]) -> None:
+    os.makedirs(args.report, exist_ok=True)
+    write_text_atomic(os.path.join(args.report, "curves.json"), json.dumps(curves, indent=2))
+    plot_curves({name: entry["points"] for name, entry in curves["drafts"].items()},
+                os.path.join(args.report, "curves.png"))
+
+
+def split(args: argparse.Namespace) -> None:
+    where = paths(args.run)
+    if os.path.exists(os.path.join(where["val"], "manifest.json")):
+        print(f"skip (exists): {where['val']}")
+        return
+    split_validation(where["train"], where["fit"], where["val"], VALIDATION_SHARE, seed=0)
+    print(f"validation split: {where['fit']} and {where['val']}")
+
+
+def train_dir(args: argparse.Namespace, draft: str) -> str:
+    return os.path.join(paths(args.run)["base"], f"train-{draft}")
+
+
+def train_argv(args: argparse.Namespace, draft: str) -> List[str]:
+    out = train_dir(args, draft)
+    return [sys.executable, "-m", "specforge_outlets.cli", "train", "--config", RECIPE,
+            f"model.target_model_path={args.target}", f"data.hidden_states_path={paths(args.run)['fit']}",
+            f"data.max_length={args.max_length}", "training.num_epochs=1000", f"training.max_steps={args.budget}",
+            f"training.save_interval={args.first_step}", f"output_dir={out}", f"tracking.wandb_dir={out}",
+            f"run_id={draft}", *METHOD, *DRAFTS[draft], *resume_overrides(out, draft)]  # fmt: skip
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train ``--draft`` until the stopping rule or the budget; a rerun resumes."""
+    curves = read_curves(args)
+    entry = curves["drafts"].setdefault(args.draft, {"points": [], "stopped": None})
+    if entry["stopped"]:
+        print(f"{args.draft}: stopped ({entry['stopped']})")
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "WANDB_MODE": "offline"}
+    process = subprocess.Popen(train_argv(args, args.draft), env=env)
+    try:
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            if evaluate_new(args, args.draft):
+                print(f"{args.draft}: {read_curves(args)['drafts'][args.draft]['stopped']}; stopping the run")
+                process.terminate()
+                process.wait()
+                return
+    finally:
+        if process.poll() is None:
+            process.terminate()
+    if process.returncode != 0:
+        raise SystemExit(f"outlets train exited with {process.returncode}; rerun to resume from the last checkpoint")
+    evaluate_new(args, args.draft)
+    curves = read_curves(args)
+    entry = curves["drafts"][args.draft]
+    if not entry["stopped"]:
+        entry["stopped"] = f"budget of {args.budget} steps reached"
+        write_curves(args, curves)
+
+
+def evaluate_new(args: argparse.Namespace, draft: str) -> bool:
+    """Evaluate the draft's doubling checkpoints that have no point yet; True once it should stop."""
+    import torch
+
+    from specforge_outlets.evaluation.drafting import drafting_metrics, load_target_head
+    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
+    from specforge_outlets.evaluation.predictor import EvalContext
+    from specforge_outlets.evaluation.requests import load_split
+    from specforge_outlets.data.targets import resolve_target
+    from specforge_outlets.training.export_command import export_draft
+
+    torch.set_num_threads(args.threads)
+    curves = read_curves(args)
+    curves["budget"] = args.budget
+    entry = curves["drafts"].setdefault(draft, {"points": [], "stopped": None})
+    done = {point["step"] for point in entry["points"]}
+    wanted = doubling_steps(args.budget, args.first_step)
+    found = complete_checkpoints(train_dir(args, draft), draft)
+    target = resolve_target(args.target)
+    validation = load_split(paths(args.run)["val"], name="validation")
+    for step in [s for s in wanted if s in found and s not in done]:
+        export = os.path.join(paths(args.run)["base"], "exports", f"{draft}-step{step}")
+        if not os.path.exists(os.path.join(export, "config.json")):
+            export_draft(found[step], export, os.path.join(train_dir(args, draft), "draft_config.json"))
+        model = load_draft(export, target)
+        context = EvalContext(target_path=target, progress=False)
+        predictions = OutletsPredictor(context, model, export).predict(validation.with_censored())
+        drafting = drafting_metrics(model, load_target_head(target), validation.files(), progress=False)
+        entry["points"].append(checkpoint_point(step, validation, predictions, drafting, one_sided=True))
+        entry["points"].sort(key=lambda point: point["step"])
+        entry["stopped"] = entry["stopped"] or stop_reason(entry["points"], draft)
+        write_curves(args, curves)
+        print(json.dumps(entry["points"][-1]))
+    prune_checkpoints(train_dir(args, draft), draft, keep=wanted)
+    return bool(entry["stopped"])
+
+
+def curve(args: argparse.Namespace) -> None:
+    for draft in DRAFTS:
+        if os.path.isdir(train_dir(args, draft)):
+            evaluate_new(args, draft)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="the sharegpt_outlets.py output (features/train)")
+    parser.add_argument("--budget", type=int, default=4000, help="optimizer steps at most per draft")
+    parser.add_argument("--first-step", type=int, default=FIRST_STEP,
+                        help="the first evaluated checkpoint, then every doubling (and the checkpoint interval)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a core stays free)")
+    parser.add_argument("--max-length", type=int, default=2048, help="training sequence length (tokens)")
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--report", default=REPORT, help="where curves.json and curves.png go")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("split")
+    trainer = sub.add_parser("train")
+    trainer.add_argument("--draft", choices=list(DRAFTS), required=True)
+    sub.add_parser("curve")
+    args = parser.parse_args()
+    {"split": split, "train": train, "curve": curve}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
