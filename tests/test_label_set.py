@@ -147,3 +147,20 @@ def test_noise_prompts_keep_the_ones_already_sampled(tmp_path):
     sample_noise_prompts(str(tmp_path / "test.jsonl"), str(tmp_path / "kept.jsonl"), 10, keep=["p0", "p1"])
     kept = {r["id"] for r in read_jsonl(tmp_path / "kept.jsonl")}
     assert {"p0", "p1"} <= kept and len(kept) == 10
+
+
+def test_packed_rows_name_their_prompt_group_across_files(target, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    regen = tmp_path / "regen"
+    regen.mkdir()
+    prompts = [{"id": i, "conversations": [{"role": "user", "content": text}]}
+               for i, text in (("a", "What is the capital of France?"), ("b", "Tell me a joke"),
+                               ("c", "what is the capital of  FRANCE?"))]
+    write_jsonl(regen / "train.jsonl", _regenerated(tokenizer, prompts[:2], 0))
+    write_jsonl(regen / "test.jsonl", _regenerated(tokenizer, prompts[2:], 0))
+    pack_label_set(str(regen), ["train.jsonl", "test.jsonl"], str(tmp_path / "packed"))
+    groups = {row["id"]: row["prompt_group"] for stem in ("train", "test")
+              for row in read_packed(str(tmp_path / "packed" / f"{stem}.jsonl.gz"))}
+    assert groups == {"a": "a", "b": "b", "c": "a"}  # the twin across files shares the group of its smallest id

@@ -47,7 +47,7 @@ def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0,
     write_jsonl(output, [row for row in rows if row["id"] in chosen])
 
 
-def _pack_row(row: Dict[str, Any]) -> Dict[str, Any]:
+def _pack_row(row: Dict[str, Any], group: str) -> Dict[str, Any]:
     turns = [turn for turn in row["conversations"] if turn["role"] == "assistant"]
     missing = [i for i, turn in enumerate(turns) if "token_ids" not in turn]
     if missing:
@@ -56,24 +56,39 @@ def _pack_row(row: Dict[str, Any]) -> Dict[str, Any]:
             "--backend llama or hf (they record the generated ids)"
         )
     packed = {"id": row["id"], "prompt_crc32": prompt_checksum(user_questions(row["conversations"])),
-              "turns": [{key: turn[key] for key in TURN_FIELDS} for turn in turns]}  # fmt: skip
+              "prompt_group": group, "turns": [{key: turn[key] for key in TURN_FIELDS} for turn in turns]}  # fmt: skip
     if "filtered" in row:
         packed["filtered"] = row["filtered"]
     return packed
 
 
 def pack_label_set(regen_dir: str, names: Iterable[str], packed_dir: str) -> None:
-    """``<regen_dir>/<name>`` (+ its ``.filtered.jsonl`` rows) -> ``<packed_dir>/<stem>.jsonl.gz``."""
+    """``<regen_dir>/<name>`` (+ its ``.filtered.jsonl`` rows) -> ``<packed_dir>/<stem>.jsonl.gz``.
+
+    Each row records its prompt group (``data/prompt_groups.py``, over the rows of every file, named
+    by the group's smallest id), so that the committed set can be checked for twins across the
+    split without the prompt text.
+    """
+    from specforge_outlets.data.prepare_command import prompt_text
+    from specforge_outlets.data.prompt_groups import prompt_groups
+
     os.makedirs(packed_dir, exist_ok=True)
-    summaries = {}
+    files = {}
     for name in names:
         stem = name[: -len(".jsonl")]
         rows = recover_jsonl(os.path.join(regen_dir, name)) + recover_jsonl(
             os.path.join(regen_dir, f"{stem}.filtered.jsonl")
         )
-        rows.sort(key=lambda row: str(row["id"]))
+        files[stem] = sorted(rows, key=lambda row: str(row["id"]))
+    prompts = {str(row["id"]): prompt_text(row) for rows in files.values() for row in rows}
+    ids = sorted(prompts)
+    roots = prompt_groups([prompts[row_id] for row_id in ids])
+    group_of = {row_id: ids[root] for row_id, root in zip(ids, roots)}
+    summaries = {}
+    for stem, rows in files.items():
         tmp = os.path.join(packed_dir, f".{stem}{PACKED_SUFFIX}.tmp")
-        text = "".join(json.dumps(_pack_row(row), separators=(",", ":")) + "\n" for row in rows)
+        text = "".join(json.dumps(_pack_row(row, group_of[str(row["id"])]), separators=(",", ":")) + "\n"
+                       for row in rows)
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as handle:
             handle.write(text.encode("utf-8"))  # mtime 0: an unchanged file packs to the same bytes
         os.replace(tmp, os.path.join(packed_dir, f"{stem}{PACKED_SUFFIX}"))
