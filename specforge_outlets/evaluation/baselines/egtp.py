@@ -56,6 +56,17 @@ def depth_states(features: Dict[str, torch.Tensor], depth: str) -> torch.Tensor:
 DEPTHS = ("mid", "last")  # chosen by validation loss
 
 
+def fit_best_depth(predictor: Predictor, rows: Dict[str, Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]],
+                   loss: HeadLoss, bins: LengthBins) -> None:
+    """Fit the shared recipe on each depth's ``(x, y, fit_head options)``; keep the lower validation loss."""
+    fitted = {depth: fit_head(x, y, SETTINGS, seed=predictor.context.seed, loss=loss, **options)
+              for depth, (x, y, options) in rows.items()}
+    predictor.depth = min(fitted, key=lambda depth: fitted[depth].validation_loss)
+    predictor.model = fitted[predictor.depth].model
+    predictor.info.update(layer=predictor.depth, bins=bins.count, cap=bins.cap, **fitted[predictor.depth].info(),
+                          validation_loss_by_depth={d: round(f.validation_loss, 6) for d, f in fitted.items()})
+
+
 class SoftBinLoss(HeadLoss):
     """``0.95 CE(soft labels) + 0.05 (E[z] - z)^2``; censored rows: the tail likelihood, and the MSE one-sided."""
 
@@ -93,7 +104,7 @@ class EgtpPredictor(Predictor):
         entropies = self._cache().entropies(path, features["hidden_state"][0])
         return running_pool(depth_states(features, depth), entropy_weights(entropies))
 
-    def _rows(self, split: Split, depth: str) -> Tuple[torch.Tensor, ...]:
+    def _rows(self, split: Split, depth: str) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
         xs, ys, ws, groups, censored = [], [], [], [], []
         for path, features, members in tqdm(split.by_file(), total=len(split.files()), desc=f"egtp: pool ({depth})",
                                             unit="file", disable=not self.context.progress, leave=False):
@@ -105,20 +116,13 @@ class EgtpPredictor(Predictor):
                 ws.append(torch.full((len(t),), 1.0 / len(t)))
                 groups.append(torch.full((len(t),), index))
                 censored.append(torch.full((len(t),), request.censored))
-        return tuple(torch.cat(values) for values in (xs, ys, ws, groups, censored))
+        options = {"sample_weight": torch.cat(ws), "groups": torch.cat(groups), "censored": torch.cat(censored)}
+        return torch.cat(xs), torch.cat(ys), options
 
     def fit(self, train: Split) -> None:
         train = self.training_split(train)
         self.bins = LengthBins(self.context.max_new_tokens or DEFAULT_CAP)
-        fitted = {}
-        for depth in DEPTHS:
-            x, y, w, groups, censored = self._rows(train, depth)
-            fitted[depth] = fit_head(x, y, SETTINGS, seed=self.context.seed, groups=groups, sample_weight=w,
-                                     censored=censored, loss=SoftBinLoss(self.bins))
-        self.depth = min(DEPTHS, key=lambda depth: fitted[depth].validation_loss)
-        self.model = fitted[self.depth].model
-        self.info.update(layer=self.depth, bins=self.bins.count, cap=self.bins.cap, **fitted[self.depth].info(),
-                         validation_loss_by_depth={d: round(f.validation_loss, 6) for d, f in fitted.items()})
+        fit_best_depth(self, {depth: self._rows(train, depth) for depth in DEPTHS}, SoftBinLoss(self.bins), self.bins)
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:

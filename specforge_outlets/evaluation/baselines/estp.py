@@ -27,10 +27,10 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.baselines.egtp import DEFAULT_CAP, DEPTHS, SETTINGS, depth_states, entropy_cache
+from specforge_outlets.evaluation.baselines.egtp import DEFAULT_CAP, DEPTHS, depth_states, entropy_cache, fit_best_depth
 from specforge_outlets.evaluation.baselines.length_bins import NUM_BINS, LengthBins
 from specforge_outlets.evaluation.baselines.pooled_states import entropy_weights, pool
-from specforge_outlets.evaluation.heads import HeadLoss, fit_head
+from specforge_outlets.evaluation.heads import HeadLoss
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
@@ -126,12 +126,8 @@ class EstpPredictor(Predictor):
         train = self.training_split(train)
         self.bins = LengthBins(self.context.max_new_tokens or DEFAULT_CAP)
         x, y, censored = self._rows(train)
-        fitted = {depth: fit_head(x[depth], y, SETTINGS, seed=self.context.seed, censored=censored,
-                                  loss=CrpsSmoothL1Loss(self.bins)) for depth in DEPTHS}
-        self.depth = min(DEPTHS, key=lambda depth: fitted[depth].validation_loss)
-        self.model = fitted[self.depth].model
-        self.info.update(layer=self.depth, bins=self.bins.count, cap=self.bins.cap, **fitted[self.depth].info(),
-                         validation_loss_by_depth={d: round(f.validation_loss, 6) for d, f in fitted.items()})
+        fit_best_depth(self, {depth: (x[depth], y, {"censored": censored}) for depth in DEPTHS},
+                       CrpsSmoothL1Loss(self.bins), self.bins)
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
