@@ -1,0 +1,113 @@
+"""The committed ShareGPT evaluation rescored honestly: deduplicated test rows, censored ones counted.
+
+The drafts and baselines of ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz`` were
+trained before the label set was split by prompt group. This scores their recorded predictions
+without running a model: only on the test rows of the group split (``--split-dir``) whose prompt
+group holds no response they trained on (``--trained-on``, the packed train file they trained on;
+``eval/trained-on.jsonl.gz`` keeps its ids), with the censoring-aware scores and paired intervals
+of ``outlets eval`` and the floor and ranking ceiling on the rows that have repeated samples.
+
+    python benchmarks/rescore_committed_eval.py --split-dir RUN/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+from typing import Dict, List
+
+import numpy as np
+
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.data.jsonl import iter_jsonl
+from specforge_outlets.data.label_set import read_packed
+from specforge_outlets.data.prompt_groups import prompt_groups
+from specforge_outlets.evaluation import metrics, report as reporting
+from specforge_outlets.evaluation.noise import NoiseSamples
+from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.requests import Request, Split
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
+EVAL = os.path.join(PACKED, "eval")
+PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
+NOISE_SEEDS = (1, 2, 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split-dir", required=True, help="the group split's prepare output (test.jsonl)")
+    parser.add_argument("--trained-on", default=os.path.join(EVAL, "trained-on.jsonl.gz"),
+                        help="ids the predictions' predictors trained on (one JSON object with 'id' a line)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with gzip.open(args.trained_on, "rt", encoding="utf-8") as handle:
+        trained = {json.loads(line)["id"] for line in handle if line.strip()}
+    prompts = {row["id"]: row["prompt"] for _, row in iter_jsonl(PROMPTS)}
+    ids = sorted(prompts)
+    groups = dict(zip(ids, (ids[g] for g in prompt_groups([prompts[i] for i in ids]))))
+    seen_groups = {groups[i] for i in trained}
+    test_ids = {row["id"] for _, row in iter_jsonl(os.path.join(args.split_dir, "test.jsonl"))}
+    with gzip.open(os.path.join(EVAL, "predictions.jsonl.gz"), "rt", encoding="utf-8") as handle:
+        recorded = [json.loads(line) for line in handle if line.strip()]
+    kept = [r for r in recorded if r["id"] in test_ids and groups[r["id"]] not in seen_groups]
+    names = list(kept[0]["static"])
+    requests = [Request(r["id"], "", 1, int(r["true_output_len"]), None, r["id"], 0, bool(r["censored"])) for r in kept]
+    predictions = {name: [Prediction(r["static"][name], np.asarray(r["dynamic"][name]) if name in r["dynamic"] else None)
+                          for r in kept] for name in names}
+    everything = Split("recorded", requests, {}, 0)
+    scored = [i for i, r in enumerate(requests) if not r.censored]
+    finished = Split("recorded", [requests[i] for i in scored], {}, 0)
+    finished_scores = {}
+    for name in names:
+        values = [predictions[name][i] for i in scored]
+        dynamic = [p.dynamic if p.dynamic is not None else metrics.countdown(p.static, r.length)
+                   for p, r in zip(values, finished.requests)]
+        finished_scores[name] = {"static_mae": metrics.static_mae(finished.lengths, [p.static for p in values]),
+                                 "dynamic_mae": metrics.dynamic_mae(finished.lengths, dynamic),
+                                 "spearman": metrics.spearman([p.static for p in values], finished.lengths)}
+    result = {
+        "recorded_requests": len(recorded),
+        "kept_requests": len(kept),
+        "left_out": {"not in the group split's test": sum(r["id"] not in test_ids for r in recorded),
+                     "prompt group trained on": sum(r["id"] in test_ids and groups[r["id"]] in seen_groups
+                                                    for r in recorded)},
+        "finished_only": finished_scores,
+        "censoring": reporting.censoring_section(everything, predictions, "outlets", seed=args.seed),
+        "ceiling": reporting.ceiling_section(noise_samples(kept), finished,
+                                             {n: [predictions[n][i] for i in scored] for n in names}, seed=args.seed),
+    }
+    write_text_atomic(os.path.join(EVAL, "dedup-rescore.json"), json.dumps(result, indent=2))
+    write_text_atomic(os.path.join(EVAL, "dedup-rescore.md"), markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def noise_samples(kept: List[Dict]) -> NoiseSamples:
+    """Each kept prompt's finished first-turn lengths, the scored response first, from the packed noise files."""
+    lengths = {r["id"]: ([] if r["censored"] else [int(r["true_output_len"])]) for r in kept}
+    drawn = {r["id"]: 1 for r in kept}
+    for seed in NOISE_SEEDS:
+        for row in read_packed(os.path.join(PACKED, f"noise-seed{seed}.jsonl.gz")):
+            if row["id"] in lengths:
+                drawn[row["id"]] += 1
+                if "filtered" not in row:
+                    lengths[row["id"]].append(int(row["turns"][0]["num_tokens"]))
+    return NoiseSamples(lengths, drawn=drawn)
+
+
+def markdown(result: Dict) -> str:
+    lines = ["# The committed evaluation on the deduplicated test split", "",
+             f"{result['kept_requests']} of the {result['recorded_requests']} recorded test requests: left out "
+             + ", ".join(f"{count} {why}" for why, count in result["left_out"].items()) + ".", "",
+             "## Finished responses only", "", "| predictor | static MAE | dynamic MAE | Spearman |", "|---|---:|---:|---:|"]
+    for name, entry in result["finished_only"].items():
+        spearman = "–" if entry["spearman"] is None else f"{entry['spearman']:.3f}"
+        lines.append(f"| {name} | {entry['static_mae']:.1f} | {entry['dynamic_mae']:.1f} | {spearman} |")
+    return "\n".join(lines + reporting.censoring_markdown(result)) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
