@@ -132,6 +132,6 @@ def test_label_set_noise_floor_by_hand():
     assert floor["floor_mae"] == pytest.approx(105.0) and floor["prompts"] == 2 and floor["samples"] == 5
     # global median of [10, 20, 30, 100, 300] = 30: a -> (20+10+0)/3 = 10, b -> (70+270)/2 = 170; mean 90.
     assert floor["constant"] == 30 and floor["constant_mae"] == pytest.approx(90.0)
-    assert 0.5 < floor["between_prompt_share_of_log_variance"] < 1
+    assert 0.5 < floor["icc_log_length"] < 1
     summary = length_summary({"a": files[2][0]["conversations"][1], "b": files[2][1]["conversations"][1]})
     assert (summary["finished"], summary["censored"], summary["censored_share"]) == (1, 1, 0.5)

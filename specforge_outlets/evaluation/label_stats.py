@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 import numpy as np
 
 from specforge_outlets.data.generation import LENGTH, assistant_turns
+from specforge_outlets.evaluation.ceiling import icc_oneway
 from specforge_outlets.evaluation.metrics import bootstrap_interval, noise_floor_errors
 
 # Lengths at and above this count as "long" in the serving studies (the tail-safe class edge).
@@ -42,7 +43,7 @@ def length_summary(turns: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def noise_floor(samples: Mapping[str, Sequence[float]], seed: int = 0) -> Dict[str, Any]:
-    """Static MAE of the median-of-others predictor, of one global median, and the between-prompt share.
+    """Static MAE of the median-of-others predictor, of one global median, and the intraclass correlation.
 
     ``samples``: prompt id -> its finished lengths (at least two to count).
     """
@@ -53,9 +54,6 @@ def noise_floor(samples: Mapping[str, Sequence[float]], seed: int = 0) -> Dict[s
     every = np.concatenate([np.asarray(v) for v in usable.values()])
     constant = float(np.median(every))
     constant_errors = {key: float(np.mean(np.abs(np.asarray(v) - constant))) for key, v in usable.items()}
-    logs = {key: np.log1p(np.asarray(v)) for key, v in usable.items()}
-    all_logs = np.concatenate(list(logs.values()))
-    within = float(np.mean(np.concatenate([v - v.mean() for v in logs.values()]) ** 2))
     keys = sorted(usable)
     return {
         "prompts": len(usable),
@@ -65,7 +63,9 @@ def noise_floor(samples: Mapping[str, Sequence[float]], seed: int = 0) -> Dict[s
         "constant_mae": float(np.mean([constant_errors[k] for k in keys])),
         "constant_mae_ci": bootstrap_interval([constant_errors[k] for k in keys], seed=seed),
         "constant": constant,
-        "between_prompt_share_of_log_variance": 1.0 - within / float(all_logs.var()),
+        # the unbiased share of log-length variance between prompts (ICC(1); the earlier
+        # "between_prompt_share_of_log_variance" divided the within-prompt sum by N, not N - k)
+        "icc_log_length": icc_oneway([np.log1p(usable[k]) for k in keys]) if len(keys) >= 2 else None,
     }
 
 
