@@ -20,6 +20,7 @@ def test_c_index_counts_only_pairs_whose_order_is_known():
     predicted = [1, 2, 3, 0, 2]  # every known pair right; (1, 4) tied in the prediction
     assert c_index(requests, predicted) == pytest.approx((8 + 0.5) / 9)
     assert c_index(requests, [-p for p in predicted]) == pytest.approx(0.5 / 9)
+    assert c_index(CensoredRequests.of([5, 5], [False, False]), [1, 2]) is None  # no known order
 
 
 def test_error_bounds_never_charge_a_censored_response_for_predicting_long():

@@ -24,6 +24,7 @@ from specforge_outlets.evaluation.requests import load_split
 from tests.data_fixtures import make_chat_target, read_jsonl, run_command, write_jsonl
 
 TOPICS = ["France", "colours", "water", "numbers", "Python", "the dog", "the fox", "hello world"]
+TEST_TOPICS = ["Spain", "shapes", "fire", "letters", "Rust", "cats", "birds", "goodbye"]  # no twin of a train prompt
 WORDS = "the quick brown fox jumps over the lazy dog red green blue water cycle".split()
 
 
@@ -31,7 +32,8 @@ def rows(count, offset):
     out = []
     for i in range(count):
         long = (i + offset) % 2 == 1
-        topic = TOPICS[(i + offset) % len(TOPICS)]
+        topics = TEST_TOPICS if offset >= 100 else TOPICS
+        topic = topics[(i + offset) % len(topics)]
         prompt = f"{'Explain in detail' if long else 'In one word'}: {topic}?"
         answer = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(24 if long else 2))
         turns = [{"role": "user", "content": prompt},
@@ -57,8 +59,9 @@ def chat(tmp_path_factory):
     return target, splits[0], splits[1]
 
 
-def make_export(target, directory, *, outlets_config=True, seed=0):
-    """An untrained OUTLETS draft export for ``target`` (what `outlets export` writes)."""
+def make_export(target, directory, *, outlets_config=True, seed=0, head_bias=None):
+    """An untrained OUTLETS draft export for ``target`` (what `outlets export` writes); ``head_bias``
+    sets the length head's output bias (z), so that its predictions differ from another draft's."""
     from transformers import AutoConfig
 
     from specforge_outlets.model.draft import DRAFT_ARCHITECTURE, OutletsLlamaForCausalLMEagle3
@@ -72,6 +75,8 @@ def make_export(target, directory, *, outlets_config=True, seed=0):
                          outlets_config=OutletsSettings().draft_config(t.hidden_size, t.num_hidden_layers).to_dict())
     torch.manual_seed(seed)
     model = OutletsLlamaForCausalLMEagle3(config).float()
+    if head_bias is not None:
+        model.length_head.init_output_bias(torch.tensor([head_bias]))
     model.save_pretrained(directory, state_dict={k: v for k, v in model.state_dict().items() if "embed" not in k})
     if not outlets_config:
         path = os.path.join(directory, "config.json")
@@ -90,7 +95,7 @@ def draft(chat, tmp_path_factory):
 @pytest.fixture(scope="module")
 def other_draft(chat, tmp_path_factory):
     """Another draft of the same shape (other weights): what the SD-only and LP-only rows are compared with."""
-    return make_export(chat[0], tmp_path_factory.mktemp("other-draft") / "export", seed=1)
+    return make_export(chat[0], tmp_path_factory.mktemp("other-draft") / "export", seed=1, head_bias=3.0)
 
 
 # --- the splits ---------------------------------------------------------------------------------
@@ -496,3 +501,15 @@ def test_the_served_forward_equals_specforge_s_draft_step(chat, draft):
                                              shift_left(features["input_ids"][None], 1)[0].clamp_min(0)))
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert expected.std() > 0
+
+
+def test_a_train_split_sharing_a_prompt_with_the_test_split_is_refused_naming_both(chat, tmp_path, capsys):
+    target, _, test_dir = chat
+    twins = tmp_path / "train.jsonl"
+    write_jsonl(twins, [{**row, "id": f"twin{i}"} for i, row in enumerate(rows(3, 100))])  # the test prompts again
+    out = tmp_path / "features"
+    assert run_command(capture_command, ["capture", "--target", target, "--input", twins, "--output", out]) == 0
+    err = refused(capsys, tmp_path / "report", "--features", test_dir, "--train-features", str(out), "--target", target,
+                  "--baselines", "constant")
+    assert "train id twin0 and test id r100 are one prompt group" in err
+    assert not (tmp_path / "report").exists()

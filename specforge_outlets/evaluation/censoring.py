@@ -61,9 +61,11 @@ def concordance(requests: CensoredRequests, predicted: Sequence[float]) -> np.nd
     return requests.comparable() * agree
 
 
-def c_index(requests: CensoredRequests, predicted: Sequence[float]) -> float:
+def c_index(requests: CensoredRequests, predicted: Sequence[float]) -> Optional[float]:
+    """None when no pair has a known order (every length tied, or every request censored)."""
     comparable = requests.comparable()
-    assert comparable.any(), "no pair of requests with a known order"
+    if not comparable.any():
+        return None
     return float(concordance(requests, predicted).sum() / comparable.sum())
 
 
@@ -113,6 +115,7 @@ def paired_differences(
     finished = ~requests.censored
     comparable = requests.comparable().astype(np.float64)
     pairs = np.einsum("ri,ij,rj->r", counts, comparable, counts)
+    pairs[pairs == 0] = np.nan  # a resample without an ordered pair has no C-index
 
     def per_resample(name: str) -> Dict[str, np.ndarray]:
         pred = np.asarray(static[name], np.float64)

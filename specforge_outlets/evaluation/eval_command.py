@@ -160,6 +160,22 @@ def _noise_samples(paths: List[str], test, target_path: Optional[str]):
     return load_noise_samples(paths, test, AutoTokenizer.from_pretrained(target_path), int(end_id))
 
 
+def check_no_shared_prompts(train, test) -> None:
+    """Refuse a train and test split that share a prompt group (a twin scored on what was trained on).
+
+    Read from the prompts the manifests' regenerated JSONL holds; requests without prompt text are
+    not checked.
+    """
+    from specforge_outlets.data.prompt_groups import check_split_groups
+
+    def prompts(split):
+        rows = {r.row_id: r.messages for r in split.with_censored().requests if r.turn == 0 and r.messages}
+        return [(row_id, "\n".join(t["content"] for t in messages if t["role"] == "user"))
+                for row_id, messages in rows.items()]
+
+    check_split_groups({"train": prompts(train), "test": prompts(test)})
+
+
 def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[str, Any]:
     import torch
 
@@ -185,6 +201,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
             check_features_match_draft(model, getattr(args, option), test)
     draft, sd_only = drafts["draft"], drafts["sd_only_draft"]
     train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
+    check_no_shared_prompts(train, test)
     context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
                           device=args.device, seed=args.seed, progress=progress,
                           options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training})
