@@ -27,10 +27,10 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.baselines.egtp import DEFAULT_CAP, DEPTHS, depth_states, entropy_cache, fit_best_depth
-from specforge_outlets.evaluation.baselines.length_bins import NUM_BINS, LengthBins
+from specforge_outlets.evaluation.baselines.egtp import (DEFAULT_CAP, DEPTHS, SoftBinLoss, depth_states, entropy_cache,
+                                                         fit_best_depth)
+from specforge_outlets.evaluation.baselines.length_bins import LengthBins
 from specforge_outlets.evaluation.baselines.pooled_states import entropy_weights, pool
-from specforge_outlets.evaluation.heads import HeadLoss
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
@@ -43,13 +43,13 @@ def debiased_importance(attention: torch.Tensor) -> torch.Tensor:
     return received / uniform
 
 
-class CrpsSmoothL1Loss(HeadLoss):
-    """Discrete CRPS over the bins (width-weighted, in z) + SmoothL1 of E[z]; censored: both one-sided."""
+class CrpsSmoothL1Loss(SoftBinLoss):
+    """Discrete CRPS over the bins (width-weighted, in z) + SmoothL1 of E[z]; censored: both one-sided.
 
-    outputs = NUM_BINS
+    It starts where EGTP's head starts (``SoftBinLoss.initialise``: the mean soft label)."""
 
     def __init__(self, bins: LengthBins) -> None:
-        self.bins = bins
+        super().__init__(bins)
         self.upper = bins.centres() + bins.width / 2  # [K] each bin's upper edge in z
 
     def rows(self, out, y, censored):
@@ -61,10 +61,6 @@ class CrpsSmoothL1Loss(HeadLoss):
         error = self.bins.expected_z(out) - y.float()
         error = torch.where(censored, -nn.functional.relu(-error), error)
         return crps + nn.functional.smooth_l1_loss(error, torch.zeros_like(error), reduction="none")
-
-    def initialise(self, last, y, weights):
-        mass = (weights[:, None] * self.bins.soft_labels(y)).sum(0) / weights.sum()
-        last.bias.copy_(torch.log(mass.clamp_min(1e-4)))
 
 
 class EstpPredictor(Predictor):
