@@ -63,6 +63,17 @@ def test_paired_differences_are_zero_for_a_copy_and_exclude_zero_for_a_real_gap(
     assert row["n_censored"] == int(censored.sum()) and row["c_index"] > 0.8
 
 
+def test_paired_differences_survive_resamples_without_two_finished_requests():
+    # The quick demo's test split: three requests, two cut at the cap; most resamples hold one finished request.
+    requests = CensoredRequests.of([40, 64, 64], [False, True, True])
+    static = {"ref": np.array([30.0, 50.0, 70.0]), "other": np.array([60.0, 20.0, 10.0])}
+    dynamic = {name: static_error_bounds(requests, values) for name, values in static.items()}
+    out = paired_differences(requests, static, dynamic, "ref", resamples=50)
+    assert out["other"]["spearman"] is None  # one finished request has no rank order, in the set or any resample
+    assert out["other"]["static_mae"]["difference"] == pytest.approx(20.0 - 10.0)
+    assert out["other"]["c_index"]["difference"] == pytest.approx(0.0 - 1.0)
+
+
 def test_icc_recovers_the_simulated_share_of_variance_between_prompts():
     rng = np.random.default_rng(1)
     rho = 0.6

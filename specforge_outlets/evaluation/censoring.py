@@ -116,6 +116,8 @@ def paired_differences(
     comparable = requests.comparable().astype(np.float64)
     pairs = np.einsum("ri,ij,rj->r", counts, comparable, counts)
     pairs[pairs == 0] = np.nan  # a resample without an ordered pair has no C-index
+    finished_counts = counts[:, finished].sum(1)
+    finished_counts[finished_counts == 0] = np.nan  # a resample of censored requests only has no exact MAE
 
     def per_resample(name: str) -> Dict[str, np.ndarray]:
         pred = np.asarray(static[name], np.float64)
@@ -125,7 +127,7 @@ def paired_differences(
             "c_index": np.einsum("ri,ij,rj->r", counts, concordance(requests, pred), counts) / pairs,
             "static_mae_censored": counts @ static_bounds / counts.sum(1),
             "dynamic_mae_censored": counts @ np.asarray(dynamic_errors[name], np.float64) / counts.sum(1),
-            "static_mae": counts[:, finished] @ exact[finished] / counts[:, finished].sum(1),
+            "static_mae": counts[:, finished] @ exact[finished] / finished_counts,
             "spearman": np.array([_weighted_spearman(pred[finished], requests.lengths[finished], w[finished])
                                   for w in counts]),
         }
@@ -151,6 +153,8 @@ def paired_differences(
 def _weighted_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> float:
     """Spearman of a resample given as counts: the rows repeated ``weights`` times, ties averaged."""
     keep = weights > 0
+    if keep.sum() < 2:  # fewer than two distinct requests have no rank order
+        return np.nan
     x_, y_ = np.repeat(x[keep], weights[keep].astype(int)), np.repeat(y[keep], weights[keep].astype(int))
     value = metrics.spearman(x_, y_)
     return np.nan if value is None else value
