@@ -9,7 +9,9 @@ from the file's empirical distribution of ``log(predicted / true)`` within the t
 true-length bucket (equal-count buckets), so that a trace with only lengths gets realistic errors.
 ``file-dynamic``: the same file's ``trajectory`` per request (joined by id, every trace id needed):
 the scheduler's prediction follows the predictor's latest estimate as tokens are generated, as in
-the plugin's EAGLE-3 mode; its value at the prediction point is ``predicted_output_len``.
+the plugin's EAGLE-3 mode; its value at the prediction point is ``predicted_output_len``. A file
+of several predictors (``outlets eval``'s ``predictions.jsonl.gz``) is read with the one to use
+named (``file_predictor``, ``--file-predictor``): its r̂₀ for ``file``, its trajectory for ``file-dynamic``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def predict_lengths(
     seed: int,
     noise_sigma: float = DEFAULT_NOISE_SIGMA,
     predictions_path: Optional[str] = None,
+    file_predictor: Optional[str] = None,
 ) -> List[Optional[float]]:
     """One predicted output length per trace request (``None``: no prediction)."""
     if kind is PredictorKind.NONE:
@@ -61,27 +64,29 @@ def predict_lengths(
         return (true * np.exp(rng.normal(0.0, noise_sigma, size=len(trace)))).tolist()
     if predictions_path is None:
         raise OutletsError(f"--predictor {kind.value} needs --predictions FILE (JSONL with id, predicted_output_len)")
-    return _from_file(predictions_path, trace, rng)
+    return _from_file(predictions_path, file_predictor, trace, rng)
 
 
-def predicted_trajectories(kind: PredictorKind, trace: Trace, predictions_path: Optional[str]) -> Optional[List[np.ndarray]]:
+def predicted_trajectories(kind: PredictorKind, trace: Trace, predictions_path: Optional[str],
+                           file_predictor: Optional[str] = None) -> Optional[List[np.ndarray]]:
     """Per trace request its dynamic estimates (``file-dynamic``); None for the static predictors."""
     if kind is not PredictorKind.FILE_DYNAMIC:
         return None
     if predictions_path is None:
         raise OutletsError("--predictor file-dynamic needs --predictions FILE with a trajectory per request")
-    by_id = {row.id: row.trajectory for row in read_predictions(predictions_path)}
+    by_id = {row.id: row.trajectory for row in read_predictions(predictions_path, predictor=file_predictor)}
     for request_id in trace.ids:
         if by_id.get(request_id) is None:
+            whose = f" of --file-predictor {file_predictor!r}" if file_predictor else ""
             raise OutletsError(
-                f"--predictions {predictions_path}: trace id {request_id!r} has no trajectory; file-dynamic "
+                f"--predictions {predictions_path}: trace id {request_id!r} has no trajectory{whose}; file-dynamic "
                 "replays each request's own estimates, so every trace id needs one (join on the same ids)"
             )
     return [np.asarray(by_id[request_id], dtype=np.float64) for request_id in trace.ids]
 
 
-def _from_file(path: str, trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:
-    rows = read_predictions(path)
+def _from_file(path: str, file_predictor: Optional[str], trace: Trace, rng: np.random.Generator) -> List[Optional[float]]:
+    rows = read_predictions(path, predictor=file_predictor)
     by_id = {row.id: row for row in rows}
     missing = [request_id for request_id in trace.ids if request_id not in by_id]
     if not missing:

@@ -44,7 +44,12 @@ def register(subparsers) -> None:
                         help="predictor of the policy grid (default noisy; file-dynamic: the --predictions file's "
                              "per-token trajectories, re-predicted as tokens are generated)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noisy predictor: log-normal sigma")
-    parser.add_argument("--predictions", help="JSONL of id, predicted_output_len[, true_output_len] for --predictor file")
+    parser.add_argument("--predictions", help="JSONL of id, predicted_output_len[, true_output_len] for --predictor file, "
+                                              "or outlets eval's predictions.jsonl.gz with --file-predictor")
+    parser.add_argument("--file-predictor", metavar="NAME",
+                        help="the predictor to read from a --predictions file of several (outlets eval's "
+                             "predictions.jsonl.gz or predictions.jsonl), e.g. outlets or bert: its r0 for --predictor "
+                             "file, its per-token trajectory for file-dynamic")
     parser.add_argument("--no-controlled-study", action="store_true",
                         help="skip the SJF-fixed, predictor-varied study")
     parser.add_argument("--study-routing", default="least-predicted-work",
@@ -100,10 +105,14 @@ def run(args) -> int:
     if args.short_threshold < 1:
         raise OutletsError(f"--short-threshold must be at least 1, got {args.short_threshold}")
     predictor = PredictorKind(args.predictor)
+    if args.file_predictor and not args.predictions:
+        raise OutletsError(f"--file-predictor {args.file_predictor} names a predictor inside a --predictions file; "
+                           "add --predictions FILE (e.g. outlets eval's predictions.jsonl.gz)")
     study_predictors = [] if args.no_controlled_study else [PredictorKind.NONE, PredictorKind.NOISY, PredictorKind.ORACLE]
     if args.predictions and not args.no_controlled_study:
         study_predictors.insert(2, PredictorKind.FILE)
-        with_trajectory = {row.id for row in read_predictions(args.predictions) if row.trajectory is not None}
+        with_trajectory = {row.id for row in read_predictions(args.predictions, predictor=args.file_predictor)
+                           if row.trajectory is not None}
         if all(request_id in with_trajectory for request_id in trace.ids):  # re-prediction against its static r̂_0
             study_predictors.insert(3, PredictorKind.FILE_DYNAMIC)
     plan = StudyPlan(
@@ -117,6 +126,7 @@ def run(args) -> int:
         short_threshold=args.short_threshold,
         seed=args.seed,
         slo=parse_goodput(args.goodput) or None,
+        file_predictor=args.file_predictor,
     )
     print(f"simulate: {trace.name}, {len(trace)} requests over {trace.duration_s:.0f} s "
           f"({trace.offered_rps:.2f} req/s at x1), {cluster.mode.value} cluster")

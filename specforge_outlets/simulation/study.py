@@ -52,6 +52,7 @@ class StudyPlan:
     short_threshold: int
     seed: int
     slo: Optional[Dict[str, float]] = None  # seconds per latency (serving.metrics.SLO_METRICS): goodput
+    file_predictor: Optional[str] = None  # the predictor to read from a predictions file of several
 
 
 def policy_grid(routings: Sequence[RoutingPolicy], queues: Sequence[QueuePolicy]) -> List[Policy]:
@@ -71,9 +72,10 @@ def run_study(
     sjf = Policy(plan.study_routing, QueuePolicy.SJF)
     runs += [(PREDICTOR_STUDY, sjf, predictor) for predictor in plan.study_predictors]
     kinds = {predictor for _, _, predictor in runs}
-    predictions = {kind: predict_lengths(kind, trace, plan.seed, plan.noise_sigma, plan.predictions_path)
-                   for kind in kinds}
-    trajectories = {kind: predicted_trajectories(kind, trace, plan.predictions_path) for kind in kinds}
+    predictions = {kind: predict_lengths(kind, trace, plan.seed, plan.noise_sigma, plan.predictions_path,
+                                         plan.file_predictor) for kind in kinds}
+    trajectories = {kind: predicted_trajectories(kind, trace, plan.predictions_path, plan.file_predictor)
+                    for kind in kinds}
     rows = []
     for rate_scale in plan.rate_scales:
         scaled = trace.scaled(rate_scale)
