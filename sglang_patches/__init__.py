@@ -1,6 +1,16 @@
-"""OUTLETS plugin for SGLang: ``--schedule-policy outlets`` (shortest predicted remaining length first,
-with aging), ``--load-balance-method outlets`` (least predicted work), predictions in ``meta_info``,
-and the OUTLETS draft architecture ``OutletsLlamaForCausalLMEagle3`` in SGLang's ModelRegistry.
+"""OUTLETS plugin for SGLang, scheduling by predicted output length.
+
+- ``--schedule-policy outlets``: by default KV admission by prediction (a request with a prediction is
+  charged its predicted remaining length + 20% of KV cache, ``--outlets-kv-margin``; ``off`` keeps
+  SGLang's estimate) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
+  class, a long request yielding only briefly, ``--outlets-long-holdback``; ``--outlets-order sjf``
+  for shortest predicted remaining first with aging); retraction of the longest predicted remaining
+  first; the same order on the PD decode queue.
+- ``--load-balance-method outlets``: least predicted work across data-parallel ranks.
+- Predictions from the request (``custom_params.outlets_predicted_output_len``), from an OUTLETS draft
+  at prefill (``--outlets-draft-path``, predictor-only mode) or from the running EAGLE-3 draft;
+  ``predicted_output_len`` in ``meta_info``; the draft architecture ``OutletsLlamaForCausalLMEagle3``
+  in SGLang's ModelRegistry. docs/serving.md has every flag and what it defaults to.
 
 Registered under SGLang's general-plugin entry point group ``sglang.srt.plugins`` (see setup.py), so
 ``pip install`` of this package is all it takes: SGLang calls :func:`load` in every process it

@@ -1,8 +1,10 @@
 """``--schedule-policy outlets``: the waiting-queue order, arrival stamps and external predictions, the retraction order, the PD decode queue.
 
 The order itself is the shared scheduling core's (``specforge_outlets.scheduling.admission_order``);
-this module puts SGLang's lists in that order, with each request's keys cached on it while it waits
-(``predictions.CachedOrderKeys``) so that a round is one sort by plain attributes.
+this module puts SGLang's lists in that order. Each waiting request's keys are computed once per stay
+in the queue and kept beside it, in tables keyed by the request (``predictions.CachedOrderKeys``), so
+that a round is one sort with ``dict.__getitem__`` as the key; ``reset_for_retract_after`` drops them
+when a request goes back to a waiting queue.
 """
 
 from __future__ import annotations
