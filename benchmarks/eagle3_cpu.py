@@ -44,7 +44,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from tests.sglang_harness.server import SGLangServer  # noqa: E402
+from specforge_outlets.demo.stages import written  # noqa: E402
+from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
 
 RUNS = os.path.join(REPO, "runs", "bench-sharegpt")
 DRAFTS = {"outlets": os.path.join(RUNS, "draft-outlets"), "sd-only": os.path.join(RUNS, "draft-sd-only")}
@@ -58,11 +59,16 @@ SPECULATIVE = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "
                "--speculative-num-draft-tokens", "2"]
 MAX_PROMPT_TOKENS = 256  # prompts this long at most, so that a CPU batch of 16 fits in a few minutes
 REQUEST_TIMEOUT_S = 1800.0  # a whole burst shares two CPU cores
+# Test-only SGLang plugins of the harness (tests/sglang_harness/README.md), put on the server's path:
+# the step timer, and on the CPU the pieces SGLang's EAGLE-3 lacks with torch_native.
+HARNESS = os.path.join(REPO, "tests", "sglang_harness")
+TIMING_PLUGIN = os.path.join(HARNESS, "timing")
+EAGLE3_CPU_PLUGIN = os.path.join(HARNESS, "eagle3_cpu")
 DEVICE_ARGS = {
-    "cpu": {"args": ["--dtype", "float32"], "env": {}, "harness": True},
+    "cpu": {"args": ["--dtype", "float32"], "plugins": [EAGLE3_CPU_PLUGIN, TIMING_PLUGIN]},
     # overlap scheduling off: the timing plugin then times each step's forward and commit in turn
-    "cuda": {"args": ["--device", "cuda", "--attention-backend", "triton", "--dtype", "bfloat16",
-                      "--disable-overlap-schedule"], "env": {"SGLANG_USE_CPU_ENGINE": "0"}, "harness": False},
+    "cuda": {"args": ["--attention-backend", "triton", "--dtype", "bfloat16", "--disable-overlap-schedule"],
+             "plugins": [TIMING_PLUGIN]},
 }
 
 
@@ -99,21 +105,16 @@ def server(device: str, args: List[str], log: str) -> SGLangServer:
     spec = DEVICE_ARGS[device]
     os.makedirs(os.path.dirname(log), exist_ok=True)
     return SGLangServer(smollm2_dir(), ["--disable-radix-cache", "--max-total-tokens", "16384",
-                                        "--max-running-requests", "32", *spec["args"], *args],
-                        env=spec["env"], log_path=log, time_rounds=True, eagle3_cpu=spec["harness"])
+                                        "--max-running-requests", "32", "--skip-server-warmup", "--sleep-on-idle",
+                                        *spec["args"], *args],
+                        env={"TOKENIZERS_PARALLELISM": "false"}, log_path=log, device=device,
+                        pythonpath=spec["plugins"], cwd=REPO)
 
 
 def log_path(result_path: str) -> str:
     """Where the server of a stage's result logs: runs/eagle3-logs/<stage>/<name>.log."""
     stage, name = os.path.split(result_path)
     return os.path.join(LOGS, os.path.basename(stage), name.replace(".json", ".log"))
-
-
-def stage_done(path: str) -> bool:
-    if os.path.exists(path):
-        print(f"skip (exists): {path}")
-        return True
-    return False
 
 
 # -- 1. acceptance ----------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def acceptance(args) -> None:
             "sd-only": SPECULATIVE + ["--speculative-draft-model-path", DRAFTS["sd-only"]]}
     for name, flags in runs.items():
         path = os.path.join(args.output, "acceptance", f"{name.replace(' ', '-')}.json")
-        if stage_done(path):
+        if written(path):
             continue
         rows = serve_greedy(args.device, flags, prompts, args.max_new_tokens, log_path(path))
         write_text_atomic(path, json.dumps({"flags": flags, "max_new_tokens": args.max_new_tokens, "rows": rows}, indent=1))
@@ -172,7 +173,7 @@ def overhead(args) -> None:
     for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
         for name, flags in policies.items():
             path = os.path.join(args.output, "overhead", f"{name.replace(' ', '-')}-{repetition}.json")
-            if stage_done(path):
+            if written(path):
                 continue
             rows = {}
             with server(args.device, draft + flags, log_path(path)) as running:

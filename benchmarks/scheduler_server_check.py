@@ -31,8 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from tests.data_fixtures import make_chat_target  # noqa: E402
-from tests.sglang_harness.server import SGLangServer  # noqa: E402
+from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
+from tests.data_fixtures import make_chat_target  # noqa: E402  (the test suite's tiny random Llama)
 
 POLICIES: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],
@@ -41,7 +41,9 @@ POLICIES: Dict[str, List[str]] = {
     "outlets sjf": ["--schedule-policy", "outlets", "--outlets-order", "sjf"],
 }
 SERVER_ARGS = ["--max-prefill-tokens", "64", "--chunked-prefill-size", "64", "--max-running-requests", "4",
-               "--disable-radix-cache", "--max-total-tokens", "8192"]
+               "--disable-radix-cache", "--max-total-tokens", "8192", "--skip-server-warmup", "--sleep-on-idle"]
+# the test-only plugin that times get_new_batch_prefill and the sort inside it (tests/sglang_harness/timing/)
+TIMING_PLUGIN = os.path.join(REPO, "tests", "sglang_harness", "timing")
 
 
 def drain(server: SGLangServer, requests: int, seed: int) -> List[float]:
@@ -104,7 +106,8 @@ def main() -> None:
     for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
         for name in args.policies:
             log = os.path.join(work, f"{name.replace(' ', '-')}-{repetition}.log")
-            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log, time_rounds=True) as server:
+            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log, pythonpath=[TIMING_PLUGIN],
+                              env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}, cwd=REPO) as server:
                 server.generate("warm up", max_new_tokens=1)
                 before = len(server.log_text())
                 stamps = drain(server, args.requests, seed=repetition)

@@ -55,6 +55,18 @@ def run_stages(root: str, stages: List[Stage]) -> Dict[str, str]:
     return dirs
 
 
+def written(path: str) -> bool:
+    """A benchmark stage whose output file exists is skipped: True (and says so) if ``path`` exists.
+
+    The benchmarks' stages write one file each, atomically, so its presence means the stage finished;
+    delete the file to run the stage again.
+    """
+    if os.path.exists(path):
+        print(f"skip (exists): {path}", flush=True)
+        return True
+    return False
+
+
 def outlets(*args: str) -> None:
     """Run one ``outlets`` sub-command in its own process (training initialises torch.distributed)."""
     subprocess.run([sys.executable, "-m", "specforge_outlets.cli", *map(str, args)], check=True)

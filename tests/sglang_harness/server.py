@@ -1,44 +1,36 @@
-"""Test harness: start a real SGLang server on the CPU, talk to it on 127.0.0.1, stop it.
+"""Test harness: a real SGLang server on the CPU for the tests, on the package's launcher.
 
-Not part of the plugin. The server runs in the serve environment (.venv-serve) as
-``python -m sglang.launch_server`` in its own process group, so that stopping it ends its
-scheduler, detokenizer and data-parallel-controller processes too. The stub modules SGLang needs
-on a CPU-only machine (``stubs/``) are put on the path with PYTHONPATH.
+Not part of the plugin. ``specforge_outlets.serving.sglang_server`` starts and stops the server (in
+the serve environment, ``python -m sglang.launch_server`` in its own process group) and sends it
+requests; this module adds what the tests need on a CPU-only machine: the stub modules SGLang
+imports (``stubs/``) and the checkout on ``PYTHONPATH``, small fixed server settings, an environment
+without the caller's ``OUTLETS_*`` variables, and the test-only plugins below.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from typing import Dict, List, Optional
 
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
-FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
-TIMING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timing")
-EAGLE3_CPU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eagle3_cpu")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specforge_outlets.serving.sglang_server import SGLangServer as _Server
+from specforge_outlets.serving.sglang_server import omp_bind_groups  # noqa: F401  (the tests' import path)
+
+HARNESS = os.path.dirname(os.path.abspath(__file__))
+STUBS = os.path.join(HARNESS, "stubs")
+FAULTS = os.path.join(HARNESS, "faults")
+TIMING = os.path.join(HARNESS, "timing")
+EAGLE3_CPU = os.path.join(HARNESS, "eagle3_cpu")
+REPO = os.path.dirname(os.path.dirname(HARNESS))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
-REQUEST_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# small, fixed settings of every test server; an idle scheduler sleeps instead of polling, so servers
+# kept for later tests leave the CPU to the one under test
+HARNESS_ARGS = ["--max-total-tokens", "4096", "--skip-server-warmup", "--sleep-on-idle"]
 
 
 def server_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([STUBS, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["SGLANG_USE_CPU_ENGINE"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     for key in [key for key in env if key.startswith("OUTLETS_") and key not in ("OUTLETS_TEST_SERVER_START_TIMEOUT",)]:
@@ -47,150 +39,24 @@ def server_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-class SGLangServer:
-    """``with SGLangServer(model, ["--schedule-policy", "outlets"]) as server: server.generate(...)``"""
+class SGLangServer(_Server):
+    """The package's server with the CPU harness: ``SGLangServer(model, ["--schedule-policy", "outlets"])``."""
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
                  log_path: Optional[str] = None, python: str = sys.executable,
                  fail_prompt: Optional[List[int]] = None, time_rounds: bool = False,
                  eagle3_cpu: bool = False) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [
-            python, "-m", "sglang.launch_server", "--model-path", model_path,
-            "--device", "cpu", "--attention-backend", "torch_native", "--host", "127.0.0.1",
-            "--port", str(self.port), "--max-total-tokens", "4096", "--skip-server-warmup",
-            # an idle scheduler sleeps instead of polling, so servers kept for later tests leave
-            # the CPU to the one under test
-            "--sleep-on-idle", *args,
-        ]
-        self.env = server_env(env)
+        env = server_env(env)
+        plugins = []
         if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
-            self.env["OUTLETS_HARNESS_FAIL_PROMPT"] = ",".join(str(token) for token in fail_prompt)
-            self.env["PYTHONPATH"] = os.pathsep.join([FAULTS, self.env["PYTHONPATH"]])
+            env["OUTLETS_HARNESS_FAIL_PROMPT"] = ",".join(str(token) for token in fail_prompt)
+            plugins.append(FAULTS)
         if time_rounds:  # a test-only plugin logs the prefill scheduling time per round (timing/)
-            self.env["PYTHONPATH"] = os.pathsep.join([TIMING, self.env["PYTHONPATH"]])
+            plugins.append(TIMING)
         if eagle3_cpu:  # a test-only plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
-            self.env["PYTHONPATH"] = os.pathsep.join([EAGLE3_CPU, self.env["PYTHONPATH"]])
-        self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-{self.port}.log")
-        self.process: Optional[subprocess.Popen] = None
-        self.start_seconds: Optional[float] = None
-
-    # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "SGLangServer":
-        started = time.monotonic()
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=REPO)
-        deadline = started + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"SGLang server exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health_generate", timeout=5) as response:
-                    if response.status == 200:
-                        self.start_seconds = time.monotonic() - started
-                        return self
-            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError):
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"SGLang server not healthy after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            pgid = self.process.pid  # start_new_session: the server leads its own process group
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(pgid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        self._log.close()
-        self.process = None
-
-    def __enter__(self) -> "SGLangServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def log_text(self) -> str:
-        with open(self.log_path, errors="replace") as handle:
-            return handle.read()
-
-    def log_tail(self, chars: int = 6000) -> str:
-        return self.log_text()[-chars:]
-
-    # -- requests --------------------------------------------------------------------------
-    def post(self, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
-        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-
-    def get(self, path: str, timeout: float = 30) -> str:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as response:
-            return response.read().decode()
-
-    def stream(self, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> List[dict]:
-        """POST a ``/generate`` body with ``stream: true``; every chunk the server sent, in order."""
-        request = urllib.request.Request(f"{self.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        chunks = []
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            for line in response:
-                line = line.decode().strip()
-                if line.startswith("data:") and line != "data: [DONE]":
-                    chunks.append(json.loads(line[len("data:"):]))
-        return chunks
-
-    def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted=None,
-                 timeout: float = REQUEST_TIMEOUT_S, **sampling) -> dict:
-        params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
-        if predicted is not None:
-            params["custom_params"] = {"outlets_predicted_output_len": predicted}
-        body = {"sampling_params": params}
-        if input_ids is not None:
-            body["input_ids"] = input_ids
-        else:
-            body["text"] = text
-        return self.post("/generate", body, timeout=timeout)
-
-    def burst(self, requests: List[dict], gap_s: float = 0.1, timeout: float = REQUEST_TIMEOUT_S) -> List[dict]:
-        """Send requests concurrently, ``gap_s`` apart (arrival order = list order).
-
-        Each item: kwargs of :meth:`generate`. Returns, per request, its response and the
-        monotonic times it was sent (``sent``) and its response arrived (``done``)."""
-        results: List[Optional[dict]] = [None] * len(requests)
-        errors: List[BaseException] = []
-
-        sent: List[float] = [0.0] * len(requests)
-
-        def run(index: int, kwargs: dict) -> None:
-            try:
-                sent[index] = time.monotonic()
-                response = self.generate(timeout=timeout, **kwargs)
-                results[index] = {"response": response, "done": time.monotonic(), "sent": sent[index]}
-            except BaseException as error:  # reported below
-                errors.append(error)
-
-        threads = []
-        for index, kwargs in enumerate(requests):
-            thread = threading.Thread(target=run, args=(index, kwargs), daemon=True)
-            thread.start()
-            threads.append(thread)
-            time.sleep(gap_s)
-        for thread in threads:
-            thread.join(timeout)
-        if errors:
-            raise errors[0]
-        assert all(result is not None for result in results), "a request of the burst did not finish"
-        return results
+            plugins.append(EAGLE3_CPU)
+        super().__init__(model_path, [*HARNESS_ARGS, *args], env=env, log_path=log_path, python=python,
+                         pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=REPO)
 
 
 def completion_order(results: List[dict]) -> List[int]:
@@ -200,16 +66,6 @@ def completion_order(results: List[dict]) -> List[int]:
         return meta.get("response_sent_to_client_ts") or results[index]["done"]
 
     return sorted(range(len(results)), key=finished)
-
-
-def omp_bind_groups(ranks: int) -> str:
-    """SGLANG_CPU_OMP_THREADS_BIND for ``ranks`` CPU ranks: the cores split evenly (``0|1`` on 2 cores)."""
-    cores = list(range(os.cpu_count() or 1))
-    if len(cores) < ranks:
-        cores = cores * ranks
-    size = len(cores) // ranks
-    groups = [cores[i * size:(i + 1) * size] for i in range(ranks)]
-    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def start_server(model_path: str, log_dir: str, args: List[str], env: Optional[Dict[str, str]] = None,
