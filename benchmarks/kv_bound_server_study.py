@@ -5,7 +5,8 @@ predicted length is where predictions pay. This checks it on real SGLang 0.5.23 
 side by side with SGLang's own ``fcfs`` and ``lof``:
 
 - **Requests**: ``--requests`` of the label set's 595 ShareGPT test requests (seeded draw), each with
-  its real first-turn prompt (read from ``../shared``, never copied) in SmolLM2's chat template, and
+  its real first-turn prompt (from the shared data, never copied: ``committed_data.shared``) in
+  SmolLM2's chat template, and
   each generating exactly the length SmolLM2 gave it at regeneration, under the label set's
   ``max_new_tokens`` cap of 2048 (``outlets bench-serving --end-at-output-len``: the server ends the
   request there, so neither ``lof`` nor SGLang's reservation learns the lengths). All at once.
@@ -20,8 +21,10 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   few run at once; the plugin's admission by prediction reserves the predicted remaining length
   instead, and SGLang retracts when the cache overflows.
 - **Servers**: ``fcfs``, ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
-  ``tail-safe`` (the default) and ``sjf``, each without and with KV admission by prediction
-  (``--outlets-kv-margin 0.2``).
+  ``tail-safe`` (the default) and ``sjf``, each with SGLang's own KV charge (``--outlets-kv-margin off``)
+  and with KV admission by prediction (``--outlets-kv-margin 0.2``, the plugin's default). Every outlets
+  server names its admission on its command line, so a change of the plugin's default cannot
+  relabel a row.
 - **Predictions** sent with each request (``custom_params``, what a router or prefill instance
   would send): none (the prior), the best static baseline (``bert``), OUTLETS r̂₀ (both from
   ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz``), and the exact length (oracle).
@@ -40,7 +43,6 @@ Stages, each resumable (a finished run is kept and skipped):
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -53,15 +55,12 @@ from typing import Dict, List, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from committed_data import SHAREGPT_PROMPTS, read_eval_record, shared  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.data.jsonl import write_jsonl  # noqa: E402
 from specforge_outlets.serving.summary import read_summary  # noqa: E402
 
 SERVE_PYTHON = os.path.join(REPO, ".venv-serve", "bin", "python")
-LABEL_SET = os.path.join(REPO, "benchmarks", "data", "sharegpt-smollm2")
-PREDICTIONS = os.path.join(LABEL_SET, "eval", "predictions.jsonl.gz")
-SHARED = os.environ.get("OUTLETS_SHARED_DIR", os.path.join(REPO, "..", "shared"))
-PROMPTS = os.path.join(SHARED, "data", "prompts", "sharegpt_first_turn_2978.jsonl")
 RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-server")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "kv-bound-server")
 FIGURE = os.path.join(REPO, "docs", "figures", "kv-bound-server.png")
@@ -70,16 +69,20 @@ END_TOKEN_ID = 2  # SmolLM2's <|im_end|>, where an assistant turn ends (its gene
 SHORT_THRESHOLD = 800  # short requests: fewer output tokens; also the tail-safe long class
 KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
+SGLANG_KV_CHARGE = ["--outlets-kv-margin", "off"]  # named, not left to the plugin's default
 KV_BY_PREDICTION = ["--outlets-kv-margin", KV_MARGIN]
 # server name -> its flags; stock servers ignore predictions, so they run with none only
 SERVERS: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],
     "lof": ["--schedule-policy", "lof"],
-    "outlets tail-safe": OUTLETS,
-    "outlets sjf": OUTLETS + ["--outlets-order", "sjf"],
+    "outlets tail-safe": OUTLETS + SGLANG_KV_CHARGE,
+    "outlets sjf": OUTLETS + ["--outlets-order", "sjf"] + SGLANG_KV_CHARGE,
     "outlets tail-safe + KV by prediction": OUTLETS + KV_BY_PREDICTION,
     "outlets sjf + KV by prediction": OUTLETS + ["--outlets-order", "sjf"] + KV_BY_PREDICTION,
 }
+# flags every server gets: a small KV cache, no prefix reuse, the client's end-at-length processor
+SERVER_ARGS = ["--max-running-requests", "64", "--disable-radix-cache", "--enable-custom-logit-processor",
+               "--skip-server-warmup", "--sleep-on-idle"]
 PREDICTORS = ("none", "bert", "outlets", "oracle")
 
 
@@ -109,21 +112,19 @@ def write_workload(directory: str, count: int, seed: int) -> str:
     dataset = os.path.join(directory, "dataset.jsonl")
     if os.path.exists(dataset):
         return dataset
-    if not os.path.exists(PROMPTS):
-        raise SystemExit(f"{PROMPTS} is missing: this study sends the real ShareGPT prompts (set OUTLETS_SHARED_DIR)")
-    with gzip.open(PREDICTIONS, "rt") as handle:
-        rows = [json.loads(line) for line in handle]
+    prompts_path = shared(SHAREGPT_PROMPTS, "this study (it sends the real ShareGPT prompts)")
+    rows = read_eval_record()
     drawn = random.Random(seed).sample(rows, count)
     prompts = {}
     wanted = {row["id"] for row in drawn}
-    with open(PROMPTS, encoding="utf-8") as handle:
+    with open(prompts_path, encoding="utf-8") as handle:
         for line in handle:
             row = json.loads(line)
             if row["id"] in wanted:
                 prompts[row["id"]] = row["prompt"]
     missing = sorted(wanted - set(prompts))
     if missing:
-        raise SystemExit(f"{PROMPTS} lacks {len(missing)} test request(s), first {missing[0]}: not the label set's prompts")
+        raise SystemExit(f"{prompts_path} lacks {len(missing)} test request(s), first {missing[0]}: not the label set's prompts")
     for predictor in ("bert", "outlets"):
         write_jsonl(os.path.join(directory, f"predictions-{predictor}.jsonl"),
                     [{"id": row["id"], "predicted_output_len": row["static"][predictor]} for row in drawn])
@@ -159,13 +160,12 @@ def make_target(directory: str) -> str:
 
 def run(args) -> None:
     from specforge_outlets.cli import main as outlets
-    from tests.sglang_harness.server import SGLangServer
+    from specforge_outlets.serving.sglang_server import SGLangServer
 
     os.makedirs(args.runs_dir, exist_ok=True)
     dataset = write_workload(args.runs_dir, args.requests, args.seed)
     model = args.model_path or make_target(os.path.join(args.runs_dir, "target"))
-    common = ["--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", "64",
-              "--disable-radix-cache", "--enable-custom-logit-processor"]
+    common = ["--max-total-tokens", str(args.max_total_tokens), *SERVER_ARGS]
     if args.draft:
         common += ["--outlets-draft-path", os.path.abspath(args.draft)]
     for server_name in args.servers:
@@ -176,7 +176,8 @@ def run(args) -> None:
             print(f"{server_name}: done")
             continue
         log_path = os.path.join(args.runs_dir, f"{slug(server_name)}.server.log")
-        with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON) as server:
+        with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON,
+                          env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}, cwd=REPO) as server:
             print(f"{server_name}: server up in {server.start_seconds:.0f} s", flush=True)
             for repetition, predictor in pending:
                 out = run_dir(args, server_name, predictor, repetition)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import itertools
 import json
 import os
@@ -56,7 +55,16 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from committed_data import (  # noqa: E402  (benchmarks/)
+    AZURE_CONV_TRACE,
+    LABEL_SET,
+    SHAREGPT_CHATGPT_LENGTHS,
+    SHAREGPT_PROMPTS,
+    read_eval_record,
+    shared,
+)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.demo.stages import written  # noqa: E402
 from specforge_outlets.data.jsonl import write_jsonl  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.metrics import parse_goodput  # noqa: E402
@@ -73,11 +81,7 @@ from specforge_outlets.simulation.predictors import with_measured_errors  # noqa
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from specforge_outlets.simulation.study import summarize  # noqa: E402
 
-LABEL_SET = os.path.join(REPO, "benchmarks", "data", "sharegpt-smollm2")
-PREDICTIONS = os.path.join(LABEL_SET, "eval", "predictions.jsonl.gz")
 REQUESTS = os.path.join(LABEL_SET, "serving", "requests.jsonl")
-SHARED = os.environ.get("OUTLETS_SHARED_DIR", os.path.join(REPO, "..", "shared"))
-PROMPTS = os.path.join(SHARED, "data", "prompts", "sharegpt_first_turn_2978.jsonl")
 CLUSTERS = {"1P+3D": "cluster-h100-1p3d.yaml", "colocated x4": "cluster-h100-colocated.yaml"}
 # KV admission: by prediction in a cache small enough to bind, or SGLang's full max_new_tokens
 # reservation in the GPU's cache (predictions then act through routing and order only)
@@ -102,25 +106,10 @@ DEFAULT_SLO = ["ttft:5000", "tpot:100"]
 # -- 1. workload ------------------------------------------------------------------------------------
 
 
-def read_label_set_predictions() -> List[dict]:
-    with gzip.open(PREDICTIONS, "rt") as handle:
-        return [json.loads(line) for line in handle]
-
-
-def already_written(path: str) -> bool:
-    """A stage whose output exists is skipped (delete the file to run it again)."""
-    if os.path.exists(path):
-        print(f"skip (exists): {path}")
-        return True
-    return False
-
-
 def workload(args) -> None:
-    if already_written(REQUESTS):
+    if written(REQUESTS):
         return
-    if not os.path.exists(PROMPTS):
-        raise SystemExit(f"{PROMPTS} is missing: the prompt lengths are measured once on the shared ShareGPT "
-                         "prompts (set OUTLETS_SHARED_DIR), then committed")
+    prompts_path = shared(SHAREGPT_PROMPTS, "the workload stage (prompt lengths, measured once, then committed)")
     from transformers import AutoTokenizer
 
     from specforge_outlets.data.chat_tokens import generation_prompt_ids
@@ -128,12 +117,12 @@ def workload(args) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_smollm2()))
     prompts = {}
-    with open(PROMPTS) as handle:
+    with open(prompts_path) as handle:
         for line in handle:
             row = json.loads(line)
             prompts[row["id"]] = row["prompt"]
     rows = []
-    for row in read_label_set_predictions():
+    for row in read_eval_record():
         ids = generation_prompt_ids(tokenizer, [{"role": "user", "content": prompts[row["id"]]}])
         rows.append({"id": row["id"], "input_length": len(ids), "output_length": int(row["true_output_len"]),
                      "censored": bool(row["censored"])})
@@ -181,7 +170,7 @@ class LabelSetWorkload(Workload):
     def __init__(self) -> None:
         with open(REQUESTS) as handle:
             requests = {row["id"]: row for row in map(json.loads, handle)}
-        self.rows = read_label_set_predictions()
+        self.rows = read_eval_record()
         self.row_of = {row["id"]: index for index, row in enumerate(self.rows)}
         self.input_lens = np.array([requests[row["id"]]["input_length"] for row in self.rows])
         self.output_lens = np.array([int(row["true_output_len"]) for row in self.rows])
@@ -213,12 +202,11 @@ class LengthsWorkload(Workload):
 
     predictors = ("none", "bert", "outlets r0", "oracle")
 
-    def __init__(self, name: str, path: str, recorded_arrivals: bool, rates_rps: Tuple[float, ...]) -> None:
-        if not os.path.exists(path):
-            raise SystemExit(f"{path} is missing: the {name} workload reads it from ../shared (set OUTLETS_SHARED_DIR)")
+    def __init__(self, name: str, shared_file: str, recorded_arrivals: bool, rates_rps: Tuple[float, ...]) -> None:
+        path = shared(shared_file, f"the {name} workload")
         self.name, self.rates_rps, self.recorded_arrivals = name, rates_rps, recorded_arrivals
         self.lengths = load_trace(path) if recorded_arrivals else load_lengths(path)
-        rows = read_label_set_predictions()
+        rows = read_eval_record()
         self.measured_true = np.array([float(row["true_output_len"]) for row in rows])
         self.measured = {name: np.array([float(row["static"][name]) for row in rows]) for name in ("bert", "outlets")}
 
@@ -235,17 +223,16 @@ class LengthsWorkload(Workload):
 
 
 def workloads() -> Dict[str, Callable[[], Workload]]:
-    traces = os.path.join(SHARED, "data", "traces")
     return {
         LabelSetWorkload.name: LabelSetWorkload,
         # ShareGPT with the original ChatGPT answers' lengths (12% at or above 800 tokens); its
         # prompts include the earlier turns of each conversation (mean 2,340 tokens)
         "sharegpt-chatgpt": lambda: LengthsWorkload(
-            "sharegpt-chatgpt", os.path.join(traces, "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"),
+            "sharegpt-chatgpt", SHAREGPT_CHATGPT_LENGTHS,
             recorded_arrivals=False, rates_rps=(4.0, 8.0, 12.0, 16.0, 20.0, 24.0)),
         # the control: almost no long outputs (99.8% under 800 tokens), so no order should move it
         "azure-conv": lambda: LengthsWorkload(
-            "azure-conv", os.path.join(traces, "AzureLLMInferenceTrace_conv.csv"),
+            "azure-conv", AZURE_CONV_TRACE,
             recorded_arrivals=True, rates_rps=(5.0, 10.0, 20.0, 30.0, 40.0, 60.0)),
     }
 
@@ -281,7 +268,7 @@ def pending(args, stage: str):
     """(name, output path, workload, rates) of each chosen workload whose ``stage`` output is not written yet."""
     for name in args.workloads:
         path = result_path(args, name, stage)
-        if not already_written(path):
+        if not written(path):
             work = workloads()[name]()
             yield name, path, work, args.rates or work.rates_rps
 

@@ -1,4 +1,4 @@
-"""FCFS, plain SJF and the tail-safe key across load and prediction quality, in the simulator (issue 7).
+"""FCFS, plain SJF and the tail-safe key across load and prediction quality, in the simulator.
 
 Measures what the tail-safe key (``QueuePolicy.TAIL_SAFE`` in specforge_outlets/scheduling) is for:
 short- and long-request P99 never far above FCFS's, under overload and with bad predictions, while
@@ -15,14 +15,15 @@ core, so the numbers are for the code the SGLang plugin serves with.
   with ``--predictions FILE`` errors sampled from an ``outlets eval`` predictions file by true length.
 - Orders: FCFS (the baseline of every ratio), plain SJF (no aging), SJF with the default aging, and
   the tail-safe key at several hold-backs (the trade-off curve). With ``--kv-admission predicted``
-  the orders under test also reserve KV by predicted length (benchmarks/kv_admission.py); the FCFS
-  baseline still reserves max_new_tokens.
+  the orders under test also reserve KV by predicted length, predicted remaining x (1 + ``--kv-margin``);
+  the FCFS baseline still reserves max_new_tokens.
 
 Writes ``results.jsonl`` (one row per run), ``tail_safe.md`` (worst case over the sweep per order,
-the gain near saturation, and the issue's done-when per order) and ``tradeoff.png``.
+the gain near saturation, and the target per order) and ``tradeoff.png``. The trace is the shared
+data's Azure conversation trace (``$OUTLETS_SHARED_DIR``, else ``../shared``).
 
     python benchmarks/tail_safe_sweep.py --output runs/tail-safe \\
-        [--predictions runs/demo/report/predictions/outlets.jsonl]
+        [--predictions runs/demo/report/predictions/outlets.jsonl] [--kv-admission predicted [--kv-margin 0.5]]
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from committed_data import AZURE_CONV_TRACE, shared
 from specforge_outlets.scheduling import DEFAULT_LONG_HOLDBACK, QueuePolicy, RoutingPolicy, SchedulingConfig
+from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN
 from specforge_outlets.simulation.cluster import KVAdmission, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation, SimulationResult
 from specforge_outlets.simulation.study import summarize
@@ -44,7 +47,6 @@ from specforge_outlets.simulation.predictors import PredictorKind, predict_lengt
 from specforge_outlets.serving.trace import Trace, load_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRACE = os.path.join(REPO, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
 CLUSTER = os.path.join(REPO, "recipes", "cluster-h100-4p2d.yaml")
 SHORT_THRESHOLD = 800  # output tokens: the method's short/long split, also the key's long class
 # workload -> (rate scales from about half of saturation to twice it, the scale nearest saturation)
@@ -77,7 +79,7 @@ def orders() -> List[Order]:
 
 
 def workloads(num_requests: int) -> Dict[str, Trace]:
-    conv = load_trace(TRACE).head(num_requests)
+    conv = load_trace(shared(AZURE_CONV_TRACE, "the tail-safe sweep")).head(num_requests)
     rng = np.random.default_rng(1)
     heavy = np.clip(np.round(300 * np.exp(rng.normal(0.0, 1.0, len(conv)))), 2, 4000).astype(int)
     return {"azure-conv": conv,
@@ -117,9 +119,10 @@ def ratios(metrics: Dict, fcfs: Dict) -> Dict[str, float]:
     }
 
 
-def sweep(num_requests: int, predictions_path: Optional[str], kv_admission: KVAdmission, progress=print) -> List[Dict]:
+def sweep(num_requests: int, predictions_path: Optional[str], kv_admission: KVAdmission,
+          kv_margin: float = DEFAULT_KV_MARGIN, progress=print) -> List[Dict]:
     baseline_cluster = load_cluster_config(CLUSTER)  # FCFS, reserving max_new_tokens: the baseline
-    cluster = dataclasses.replace(baseline_cluster, kv_admission=kv_admission)
+    cluster = dataclasses.replace(baseline_cluster, kv_admission=kv_admission, kv_prediction_margin=kv_margin)
     qualities = dict(NOISE, **({"outlets-measured": None} if predictions_path else {}))
     rows = []
     for workload, trace in workloads(num_requests).items():
@@ -231,15 +234,17 @@ def main() -> int:
     parser.add_argument("--from-results", help="an earlier run's results.jsonl: only rebuild the table and the plot")
     parser.add_argument("--kv-admission", default="max-new-tokens", choices=[k.value for k in KVAdmission],
                         help="KV admission of the orders under test (the FCFS baseline reserves max_new_tokens)")
+    parser.add_argument("--kv-margin", type=float, default=DEFAULT_KV_MARGIN,
+                        help=f"--kv-admission predicted: reserve predicted remaining x (1 + this) (default "
+                             f"{DEFAULT_KV_MARGIN:g}, the plugin's)")
     args = parser.parse_args()
+    if args.kv_margin < 0:
+        parser.error(f"--kv-margin must be >= 0, got {args.kv_margin}")
     if args.from_results:
         with open(args.from_results, encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
-    elif not os.path.isfile(TRACE):
-        print(f"no trace at {os.path.abspath(TRACE)}; nothing to measure")
-        return 1
     else:
-        rows = sweep(args.num_requests, args.predictions, KVAdmission(args.kv_admission),
+        rows = sweep(args.num_requests, args.predictions, KVAdmission(args.kv_admission), args.kv_margin,
                      progress=lambda line: print(line, flush=True))
     os.makedirs(args.output, exist_ok=True)
     if not args.from_results:

@@ -15,9 +15,10 @@ from typing import Optional
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, predicted_remaining
 
-# Share of the predicted remaining length reserved on top of it. In benchmarks/kv_admission.py (Azure
-# conversation and heavy-tailed outputs, exact to doubled-error predictions) 0.2 retracted 1 request
-# in 48 FCFS and tail-safe runs and gave up to 1% more throughput than 0.5 (docs/results.md).
+# Share of the predicted remaining length reserved on top of it. In the simulator (Azure conversation
+# and heavy-tailed outputs, exact to doubled-error predictions) 0.2 retracted 1 request in 48 FCFS and
+# tail-safe runs and gave up to 1% more throughput than 0.5 (docs/results.md, "KV admission by
+# prediction in the simulator"; benchmarks/tail_safe_sweep.py --kv-admission predicted --kv-margin M).
 DEFAULT_KV_MARGIN = 0.2
 
 

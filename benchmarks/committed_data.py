@@ -1,0 +1,62 @@
+"""What the serving benchmarks read: the label set's committed evaluation record, and shared data.
+
+- **The evaluation record** ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz``, written by
+  ``outlets eval`` (``specforge_outlets/evaluation/report.py``): one row per test request (595, the
+  censored ones included) with ``id``, ``true_output_len`` (for a censored response the length it ran
+  to, the 2,048 cap), ``censored``, ``static`` (each predictor's r̂₀) and ``dynamic`` (each
+  re-predicting predictor's estimate at every output token). The serving benchmarks replay what each
+  request *generated*, so they read the censored rows' lengths too; ``predictions_file.py`` reads one
+  predictor's predictions for ``--predictions`` flags.
+- **Shared data** (ShareGPT prompts, traces) is never copied into the repository: it is found by
+  ``specforge_outlets.resources.shared_data`` (``$OUTLETS_SHARED_DIR``, else ``../shared`` beside the
+  checkout).
+
+Benchmarks run as ``python benchmarks/NAME.py``, so this directory is on their path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from specforge_outlets.resources import ENV_SHARED_DIR, shared_data  # noqa: E402
+
+LABEL_SET = os.path.join(REPO, "benchmarks", "data", "sharegpt-smollm2")
+EVAL_RECORD = os.path.join(LABEL_SET, "eval", "predictions.jsonl.gz")
+# shared data, relative to the shared directory
+SHAREGPT_PROMPTS = "data/prompts/sharegpt_first_turn_2978.jsonl"
+AZURE_CONV_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"
+SHAREGPT_CHATGPT_LENGTHS = "data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+RECORD_FIELDS = ("id", "true_output_len", "censored", "static")
+
+
+def shared(relative: str, needed_by: str) -> str:
+    """The path of a shared file, or a clear stop naming where it was looked for."""
+    path = shared_data(relative)
+    if path is None:
+        raise SystemExit(f"{needed_by} reads {relative} from the shared data, which is not on this machine: set "
+                         f"{ENV_SHARED_DIR} to the directory that holds data/, or put it at "
+                         f"{os.path.join(os.path.dirname(REPO), 'shared')}")
+    return path
+
+
+def read_eval_record(path: str = EVAL_RECORD) -> List[Dict]:
+    """Every row of the evaluation record; a row without the fields the benchmarks read is refused by line."""
+    rows = []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            missing = [field for field in RECORD_FIELDS if field not in row]
+            if missing:
+                raise SystemExit(f"{path} line {number}: no {', '.join(missing)}; not an `outlets eval` record")
+            rows.append(row)
+    return rows
