@@ -21,6 +21,7 @@ import numpy as np
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.generation import STOP
 from specforge_outlets.data.jsonl import recover_jsonl
+from specforge_outlets.demo.stages import written
 
 ENGINES = {
     "llama": ["--backend", "llama", "--target", "smollm2-135m"],
@@ -55,7 +56,7 @@ def main() -> int:
     args = parser.parse_args()
     out = os.path.abspath(args.output)
     data = os.path.join(out, "data")
-    if not os.path.exists(os.path.join(data, "summary.json")):
+    if not written(os.path.join(data, "summary.json")):
         outlets(["prepare", "--dataset", "builtin", "--output", data, "--max-samples", str(args.prompts),
                  "--sample", "random"])
     rows = {}
@@ -63,7 +64,7 @@ def main() -> int:
         extra = ["--threads", str(args.threads)] if engine == "llama" else []
         for split in ("train", "test"):  # both splits: all drawn prompts
             output = os.path.join(out, engine, f"{split}.jsonl")
-            if os.path.exists(output.replace(".jsonl", ".summary.json")):
+            if written(output.replace(".jsonl", ".summary.json")):
                 continue
             started = time.time()
             code = outlets(["regenerate", *argv, *extra, "--resume", "--input", os.path.join(data, f"{split}.jsonl"),
