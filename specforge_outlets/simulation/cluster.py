@@ -46,6 +46,11 @@ class KVAdmission(Enum):
     # when the prediction arrives after admission; when the cache fills, the longest predicted
     # remaining is retracted and recomputed later
     PREDICTED = "predicted"
+    # SGLang 0.5.23's own (sglang_admission.py): running requests charged min(max_new_tokens -
+    # generated, 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096);
+    # a full cache retracts the fewest-generated first. Colocated instances only (SGLang's PD decode
+    # instances admit by another rule, disaggregation/decode.py)
+    SGLANG = "sglang"
 
 
 class PredictionPoint(Enum):
@@ -132,6 +137,11 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
         else:
             parsed[name] = value
     config = ClusterConfig(**parsed)
+    if config.kv_admission is KVAdmission.SGLANG and config.mode is not ClusterMode.COLOCATED:
+        raise OutletsError(
+            f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "
+            "disaggregated decode instances admit by num_reserved_decode_tokens per request instead, which is not "
+            "modelled: set mode colocated, or kv_admission max-new-tokens or predicted")
     if config.kv_capacity() < 1:
         raise OutletsError(
             f"{source}: model {config.model} does not fit on {config.gpu} with memory_fraction "

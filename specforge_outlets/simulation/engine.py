@@ -34,6 +34,7 @@ from specforge_outlets.scheduling import (
     rank_load,
     retraction_order_key,
 )
+from specforge_outlets.simulation import sglang_admission
 from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
 from specforge_outlets.simulation.token_gaps import TokenGapLog
 from specforge_outlets.simulation.sglang_peers import (
@@ -185,6 +186,12 @@ class EngineInstance:
     predicted remaining first, at most ``max_retractions`` times each unless no other is running).
     A retracted request keeps its tokens, goes back to the waiting queue with its original arrival
     time and is recomputed (its prompt and tokens prefilled again) when readmitted.
+
+    ``kv_admission: sglang`` runs SGLang's own rules instead (:mod:`sglang_admission`): admission
+    rounds charge the running requests a decaying share of their remaining ``max_new_tokens``, a
+    refused round waits for a running request to leave, a running request holds the KV of its prompt
+    and its output but the last token (which the next step writes), and a full cache retracts the
+    fewest-generated first (the plugin's order for the plugin's sjf and tail-safe).
     """
 
     def __init__(self, sim: "Simulation", chunked_prefill_size: int, engine_id: int) -> None:
@@ -195,6 +202,14 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
+        self.sglang = sim.cluster.kv_admission is KVAdmission.SGLANG
+        if self.sglang and not chunked_prefill_size:
+            raise OutletsError("kv_admission sglang models SGLang's colocated instances (PrefillAdder); a "
+                               "disaggregated decode instance admits by another rule: set mode colocated")
+        self.new_token_ratio = sglang_admission.NewTokenRatio()
+        self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
+        # SGLang's own retraction order, unless the plugin's order runs (it hooks the retraction order too)
+        self.sglang_retraction = not isinstance(sim.policy.queue, QueuePolicy) or sim.policy.queue is QueuePolicy.FCFS
         # SGLang's disaggregated decode instances sort their waiting queue only for the plugin's order
         # (its prebuilt-batch hook); SGLang's own orders leave it FCFS there
         queue = sim.policy.queue
@@ -219,6 +234,7 @@ class EngineInstance:
         self.segment_kv = 0
         self.segment_chunk: List[Tuple[SimRequest, int]] = []  # prefill tokens of a mixed step
         self.segment_version = 0
+        self.segment_retracted = False  # whether the segment's first step came after a retraction
 
     # --- load, as a router sees it -------------------------------------------------------------
     def num_requests(self) -> int:
@@ -260,7 +276,12 @@ class EngineInstance:
         if not self.busy:
             self._admit(now)
             self._start_segment(now)
-        elif not self.segment_chunk and self._can_admit_head(now):
+        elif self.segment_chunk:
+            return  # a mixed step: admission follows at its end
+        elif self.sglang:
+            if not self.batch_is_full:  # SGLang tries an admission round at the next step
+                self._cut_segment(now)
+        elif self._can_admit_head(now):
             self._cut_segment(now)
 
     def _reservation(self, request: SimRequest, generated: Optional[int] = None) -> int:
@@ -286,6 +307,8 @@ class EngineInstance:
         return running + sum(r.reservation for r in self.prefilling)
 
     def _kv_in_use(self) -> int:
+        if self.sglang:  # SGLang holds no KV yet for the last token of each running request
+            return self.kv_tokens - len(self.running) + self.kv_prefilling
         return self.kv_tokens + self.kv_prefilling
 
     def _can_admit_head(self, now: float) -> bool:
@@ -305,21 +328,63 @@ class EngineInstance:
             self._schedule_segment_end(steps)
 
     def _admit(self, now: float) -> None:
+        if self.sglang:
+            self._sglang_round(now)
+            return
         while self._can_admit_head(now):
-            request = self.queue.pop_request(now)
-            request.queue_delay += now - request.enqueue_time
-            if self.chunked_prefill_size and not request.retractions:  # colocated, before its first prefill
-                request.prefill_queue_delay += now - request.enqueue_time
-            else:
-                request.decode_queue_delay += now - request.enqueue_time
-            request.reservation = self._reservation(request)
-            self.kv_reserved += request.reservation
-            if self.chunked_prefill_size or request.retractions:
-                request.prefill_claim = request.prefill_left
-                self.kv_prefilling += request.prefill_claim
-                self.prefilling.append(request)
-            else:
-                self._start_decoding(now, request)
+            self._take_head(now, self._reservation(self.queue.peek_request(now)))
+
+    def _take_head(self, now: float, reservation: int) -> SimRequest:
+        """Admit the queue's head, reserving ``reservation`` KV tokens for it."""
+        request = self.queue.pop_request(now)
+        request.queue_delay += now - request.enqueue_time
+        if self.chunked_prefill_size and not request.retractions:  # colocated, before its first prefill
+            request.prefill_queue_delay += now - request.enqueue_time
+        else:
+            request.decode_queue_delay += now - request.enqueue_time
+        request.reservation = reservation
+        self.kv_reserved += request.reservation
+        if self.chunked_prefill_size or request.retractions:
+            request.prefill_claim = request.prefill_left
+            self.kv_prefilling += request.prefill_claim
+            self.prefilling.append(request)
+        else:
+            self._start_decoding(now, request)
+        return request
+
+    def _max_new_tokens(self, request: SimRequest) -> int:
+        """What the simulated client asks for: the cluster's max_new_tokens, or the output if longer."""
+        return max(self.sim.cluster.max_new_tokens, request.output_len)
+
+    def _sglang_round(self, now: float) -> None:
+        """One of SGLang's admission rounds (``PrefillAdder``) at a step boundary."""
+        if not self.running:
+            self.batch_is_full = False  # an empty batch has no request left to leave
+        if self.batch_is_full or not self.queue:
+            return
+        free = self.capacity - self._kv_in_use()
+        ratio = self.new_token_ratio.current
+        charged = sum(sglang_admission.running_charge(self._max_new_tokens(r), 1 + self.steps_done - r.join_step, ratio)
+                      for r in self.running.values())
+        # a request still prefilling holds its prompt's KV (in use) and was charged its output at admission
+        charged += sum(sglang_admission.admitted_charge(0, self._max_new_tokens(r)) for r in self.prefilling)
+        admitted = 0
+        while self.queue:
+            if len(self.running) + len(self.prefilling) >= self.max_running:
+                self.batch_is_full = True
+                return
+            head = self.queue.peek_request(now)
+            max_new = self._max_new_tokens(head)
+            need = sglang_admission.admission_need(head.prefill_left, max_new, head.num_generated_tokens)
+            if not sglang_admission.admits(need, free - charged):
+                self.batch_is_full = admitted > 0 or bool(self.running)
+                return
+            charged += sglang_admission.admitted_charge(head.prefill_left, max_new)
+            self._take_head(now, 0)
+            admitted += 1
+            if free - charged <= 0:  # nothing left: the round ends, the batch is full
+                self.batch_is_full = True
+                return
 
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
@@ -339,22 +404,36 @@ class EngineInstance:
             heapq.heappop(self.finish_heap)
         return self.finish_heap[0][0]
 
-    def _make_room(self, now: float) -> None:
-        """Retract running requests until every one of them can decode one more token.
+    def _make_room(self, now: float) -> bool:
+        """Retract running requests until every one of them can decode one more token; whether any was.
 
         Prompts being prefilled hold their whole claim, so a lone running request can be retracted
-        too (alone it always fits: ``check_fits``).
+        too (alone it always fits: ``check_fits``). With SGLang's admission the ratio is then
+        re-estimated from the requests left running, and admission opens again.
         """
+        retracted = False
         while self.running and self._kv_in_use() + len(self.running) > self.capacity:
             self._retract(now, self._retraction_victim())
+            retracted = True
+        if retracted and self.sglang:
+            self.new_token_ratio.after_retraction(
+                (1 + self.steps_done - r.join_step, self._max_new_tokens(r)) for r in self.running.values())
+            self.batch_is_full = False
+        return retracted
 
     def _reserve_again(self, request: SimRequest) -> None:
         """Re-size a reservation once the prediction is known (colocated: it comes with the first token)."""
+        if self.sglang:
+            return  # SGLang's admission reads no prediction
         reservation = self._reservation(request)
         self.kv_reserved += reservation - request.reservation
         request.reservation = reservation
 
     def _retraction_victim(self) -> SimRequest:
+        if self.sglang and self.sglang_retraction:
+            # min takes the first of equal keys: reversed, the latest to join (SGLang's stable sort, popped from the end)
+            return min(reversed(self.running.values()), key=lambda r: sglang_admission.retraction_victim_key(
+                1 + self.steps_done - r.join_step, r.input_len))
         config = self.sim.scheduling
         return max(self.running.values(), key=lambda r: retraction_order_key(
             r.predicted_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step, r.arrival_time,
@@ -380,7 +459,7 @@ class EngineInstance:
 
     # --- segments -------------------------------------------------------------------------------
     def _start_segment(self, now: float) -> None:
-        self._make_room(now)
+        self.segment_retracted = self._make_room(now)
         self.segment_start, self.segment_batch, self.segment_kv = now, len(self.running), self.kv_tokens
         self.segment_chunk = []
         if self.prefilling:
@@ -417,6 +496,8 @@ class EngineInstance:
         if version != self.segment_version:
             return
         self.sim.token_gaps.segment(self.engine_id, now - self.segment_start, self.segment_steps)
+        if self.sglang and not self.segment_chunk:  # a decode step that retracted re-estimated the ratio instead
+            self.new_token_ratio.decay_steps(self.segment_steps - int(self.segment_retracted))
         self.steps_done += self.segment_steps
         self.kv_tokens += self.segment_batch * self.segment_steps
         while self.finish_heap and self.finish_heap[0][0] <= self.steps_done:
@@ -424,6 +505,7 @@ class EngineInstance:
             if request.finish_step != step:  # an entry of a run that was retracted
                 continue
             del self.running[index]
+            self.batch_is_full = False  # a request left the batch
             self.sim.token_gaps.left(self.engine_id, request, now)
             self.kv_tokens -= request.input_len + request.output_len
             self.kv_reserved -= request.reservation
@@ -439,6 +521,7 @@ class EngineInstance:
                 self.sim.first_token(now, request)
                 self._reserve_again(request)
                 if request.output_len == 1:
+                    self.batch_is_full = False  # it leaves with its prefill batch
                     self.pending_work -= request.pending_work
                     self.kv_reserved -= request.reservation
                     self.sim.finish(now, request)

@@ -1,0 +1,107 @@
+"""SGLang 0.5.23's own KV admission and retraction (``kv_admission: sglang``), as arithmetic the simulator runs.
+
+Read from the installed package (never copied): ``srt/managers/schedule_policy.py`` (``PrefillAdder``:
+``_get_running_request_total_token_offset``, ``add_one_req``, ``_select_prefill_admission``),
+``srt/mem_cache/prefill_budget.py`` (``PrefillBudget``), ``srt/managers/scheduler_components/
+new_token_ratio_tracker.py``, ``srt/managers/schedule_batch.py`` (``retract_decode``,
+``_get_decode_retraction_order``) and ``srt/managers/scheduler.py`` (``_get_new_batch_prefill_raw``,
+``update_running_batch``). tests/test_sglang_admission.py drives those classes and this module with the
+same requests and cache states and asserts the same decisions.
+
+One admission round (``PrefillAdder``), with the cache holding ``free`` tokens:
+
+- every running request with ``g`` output tokens of ``max_new_tokens`` m is charged
+  ``min(m - g, CLIP_MAX_NEW_TOKENS) x ratio`` on top of the KV it holds;
+- the next waiting request is admitted when ``extend + min(m - g, CLIP) + PAGE_SIZE`` (``extend``:
+  its prompt, plus the tokens a retracted request recomputes) is below what is left, strictly; once
+  admitted it is charged ``extend + PAGE_SIZE + min(m, CLIP)`` (its whole ``max_new_tokens``, even
+  after a retraction); the round stops at the first that does not fit, or once nothing is left.
+
+A refused round marks the batch full: SGLang tries again only after a running request leaves
+(finishes or is retracted). ``ratio`` starts at ``INIT_NEW_TOKEN_RATIO``, falls by
+``(init - min) / NEW_TOKEN_RATIO_DECAY_STEPS`` per decode step to ``init x MIN_NEW_TOKEN_RATIO_FACTOR``,
+and after a retraction is re-estimated from the requests left running. When the next decode step
+does not fit, the running request with the fewest output tokens (ties: the longest prompt, then the
+latest to join the batch) is retracted, and the next, until it fits; one is always kept.
+
+Assumed as the simulator's servers run: page size 1, no prefix cache (``--disable-radix-cache``),
+no ``ignore_eos``, ``--schedule-conservativeness 1``, full attention, no speculative decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Tuple
+
+# SGLang's CLIP_MAX_NEW_TOKENS (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, schedule_policy.py): the most
+# output tokens admission counts per request, whatever its max_new_tokens.
+CLIP_MAX_NEW_TOKENS = 4096
+# SGLANG_INIT_NEW_TOKEN_RATIO (srt/environ.py): the share of a running request's remaining
+# max_new_tokens charged at start, and after every reset.
+INIT_NEW_TOKEN_RATIO = 0.7
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: the ratio decays to this share of its initial value.
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS: decode steps from the initial to the minimum ratio.
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# SGLANG_RETRACT_DECODE_STEPS: output tokens per request still running that the ratio
+# re-estimated after a retraction counts on top of those generated.
+RETRACT_DECODE_STEPS = 20
+# The KV pool's page size on the simulated servers (SGLang's default, 1): admission adds one page
+# per request for alignment.
+PAGE_SIZE = 1
+
+
+@dataclass
+class NewTokenRatio:
+    """``NewTokenRatioTracker`` with ``schedule_conservativeness`` 1."""
+
+    init: float = INIT_NEW_TOKEN_RATIO
+    current: float = INIT_NEW_TOKEN_RATIO
+
+    @property
+    def minimum(self) -> float:
+        return min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+
+    @property
+    def decay(self) -> float:
+        return (self.init - self.minimum) / NEW_TOKEN_RATIO_DECAY_STEPS
+
+    def decay_steps(self, steps: int) -> None:
+        """``decay_step`` once per decode step run without a retraction (the same float steps as SGLang's)."""
+        minimum, decay = self.minimum, self.decay
+        for _ in range(steps):
+            if self.current <= minimum:
+                break
+            self.current = max(self.current - decay, minimum)
+
+    def after_retraction(self, running: Iterable[Tuple[int, int]]) -> None:
+        """``estimate_new_token_ratio_after_retract`` of the requests left running, as (output tokens, max_new_tokens)."""
+        running = list(running)
+        generated = sum(g for g, _ in running)
+        asked = sum(m for _, m in running)
+        self.current = min(1.0, (generated + RETRACT_DECODE_STEPS * len(running)) / (asked + 1))
+
+
+def running_charge(max_new_tokens: int, generated: int, ratio: float) -> float:
+    """KV tokens a running request is charged on top of what it holds."""
+    return min(max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) * ratio
+
+
+def admission_need(extend: int, max_new_tokens: int, generated: int) -> int:
+    """KV tokens a waiting request asks for; it is admitted when more than these are left (``admits``)."""
+    return extend + min(max(max_new_tokens - generated, 0), CLIP_MAX_NEW_TOKENS) + PAGE_SIZE
+
+
+def admitted_charge(extend: int, max_new_tokens: int) -> int:
+    """KV tokens an admitted request is charged for the rest of the round (its prefill's included)."""
+    return extend + PAGE_SIZE + min(max_new_tokens, CLIP_MAX_NEW_TOKENS)
+
+
+def admits(need: int, free: float) -> bool:
+    """``PrefillBudget.check_prefill``: the request fits when its need is below what is left."""
+    return need < free
+
+
+def retraction_victim_key(generated: int, input_len: int) -> Tuple[int, int]:
+    """Smallest first: the request SGLang retracts first (fewest output tokens, then the longest prompt)."""
+    return generated, -input_len

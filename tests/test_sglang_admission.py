@@ -1,0 +1,333 @@
+"""``kv_admission: sglang`` decides as SGLang 0.5.23 does (serve environment: ``.venv-serve``).
+
+SGLang's own classes decide here, on a real KV allocator, request-to-token pool and (disabled) radix
+cache: ``PrefillAdder.add_one_req`` admits, ``ScheduleBatch.retract_decode`` retracts and re-estimates
+the ratio, ``NewTokenRatioTracker`` decays it. The simulator runs a trace with SGLang's admission; at
+every admission round and every retraction it made, the same requests and cache state are given to
+SGLang's code, which must make the same decision.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
+
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
+if STUBS not in sys.path:
+    sys.path.insert(0, STUBS)
+
+from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
+from specforge_outlets.serving.trace import Trace  # noqa: E402
+from specforge_outlets.simulation import sglang_admission  # noqa: E402
+from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
+from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
+
+CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
+MAX_NEW_TOKENS = 600
+
+
+@dataclass(frozen=True)
+class Held:
+    """A request as both sides see it: prompt tokens, output tokens so far, max_new_tokens."""
+
+    rid: str
+    prompt: int
+    generated: int
+    max_new: int
+
+
+@pytest.fixture(scope="module")
+def sglang_pools():
+    """SGLang's KV allocator, request-to-token pool and radix cache (disabled), as a CPU server builds them."""
+    import torch
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    publish(ServerArgs(model_path="dummy", device="cpu", attention_backend="torch_native", disable_radix_cache=True),
+            role="test", ranks=SpawnRanks(world_rank=0))
+    allocator = TokenToKVPoolAllocator(CAPACITY, torch.float16, "cpu", None, False)
+    rows = ReqToTokenPool(size=64, max_context_len=16384, device="cpu", enable_memory_saver=False)
+    cache = UnifiedRadixCache(CacheInitParams(disable=True, req_to_token_pool=rows, token_to_kv_pool_allocator=allocator,
+                                              page_size=1, tree_components=(ComponentType.FULL,)))
+    yield allocator, rows, cache
+    reset_context()
+
+
+def sglang_req(held: Held):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=held.max_new)
+    params.normalize(None)
+    req = Req(held.rid, "", array("q", [1] * held.prompt), params)
+    req.output_ids.extend([2] * held.generated)
+    return req
+
+
+def running_batch(pools, running: List[Held]):
+    """SGLang's running batch: each request holds the KV of its prompt and output but the last token."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    allocator, rows, cache = pools
+    allocator.clear()
+    rows.clear()
+    reqs = [sglang_req(held) for held in running]
+    for req, held in zip(reqs, running):
+        tokens = held.prompt + held.generated - 1
+        rows.alloc([req])
+        rows.write((req.kv.req_pool_idx, slice(0, tokens)), allocator.alloc(tokens))
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = tokens
+        req.init_next_round_input(cache)
+        req.lock = cache.lock(req.last_node)
+    batch = ScheduleBatch(reqs=reqs, req_to_token_pool=rows, token_to_kv_pool_allocator=allocator, tree_cache=cache,
+                          spec_algorithm=SpeculativeAlgorithm.NONE, batch_is_full=False)
+    return batch
+
+
+def sglang_round(pools, running: List[Held], waiting: List[Held], ratio: float) -> Tuple[int, bool]:
+    """How many waiting requests SGLang's ``PrefillAdder`` admits, and whether the batch is then full.
+
+    The loop is ``Scheduler._get_new_batch_prefill_raw``'s over the waiting queue (the decisions are
+    ``add_one_req``'s); no chunk budget, as the simulator's own chunked prefill follows admission.
+    """
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    allocator, _, cache = pools
+    batch = running_batch(pools, running)
+    adder = PrefillAdder(1, cache, allocator, batch, ratio, rem_input_tokens=10**9, rem_chunk_tokens=None)
+    full = False
+    for held in waiting:
+        req = sglang_req(held)
+        req.init_next_round_input(cache)
+        result = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        if result != AddReqResult.CONTINUE:
+            if result == AddReqResult.NO_TOKEN:
+                full = len(adder.can_run_list) > 0 or not batch.is_empty()
+            break
+    return len(adder.can_run_list), full
+
+
+def sglang_retraction(pools, running: List[Held]) -> Tuple[List[str], float]:
+    """The requests SGLang's ``retract_decode`` retracts (in order) when the next step does not fit, and the new ratio."""
+    batch = running_batch(pools, running)
+    if batch.check_decode_mem():
+        return [], float("nan")
+    # filter_batch also slices the batch's device tensors, which a batch that never ran has none of;
+    # the decisions are made before it, and only the kept requests matter after it
+    batch.filter_batch = lambda keep_indices: setattr(batch, "reqs", [batch.reqs[i] for i in keep_indices])
+    retracted, ratio, aborted = batch.retract_decode()
+    assert not aborted
+    return [req.rid for req in retracted], ratio
+
+
+# --- the simulator, instrumented where it decides --------------------------------------------------
+
+
+def held_of(engine: EngineInstance, request) -> Held:
+    generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
+    return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request))
+
+
+class Recorder:
+    """Every admission round and retraction the simulator's engines make, with the state they made it in."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.rounds, self.retractions = [], []
+        round_, make_room = EngineInstance._sglang_round, EngineInstance._make_room
+        recorder = self
+
+        def recorded_round(engine, now):
+            # rounds with prompts still prefilling are left out: SGLang charges a prompt it prefills in
+            # chunks by its own rule (add_chunked_req), the simulator as it charged the prompt at admission
+            compared = bool(engine.queue) and not (engine.batch_is_full and engine.running) and not engine.prefilling
+            waiting = len(engine.queue)
+            state = ([held_of(engine, r) for r in engine.running.values()], [held_of(engine, r) for r in engine.queue],
+                     engine.new_token_ratio.current)
+            round_(engine, now)
+            if compared:
+                recorder.rounds.append((*state, waiting - len(engine.queue), engine.batch_is_full))
+
+        def recorded_make_room(engine, now):
+            running = [held_of(engine, r) for r in engine.running.values()]
+            fits = engine._kv_in_use() + len(engine.running) <= engine.capacity
+            kept_before = set(engine.running)
+            retracted = make_room(engine, now)
+            if not fits and not engine.prefilling:
+                gone = [str(index) for index in kept_before - set(engine.running)]
+                recorder.retractions.append((running, gone, engine.new_token_ratio.current))
+            return retracted
+
+        monkeypatch.setattr(EngineInstance, "_sglang_round", recorded_round)
+        monkeypatch.setattr(EngineInstance, "_make_room", recorded_make_room)
+
+
+def run_sglang_admission(trace: Trace, queue: str = "fcfs"):
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
+                                        "max_new_tokens": MAX_NEW_TOKENS, "kv_admission": "sglang",
+                                        "chunked_prefill_size": 8192}, "test")
+    policy = Policy(routing_policy("round-robin"), queue_policy(queue))
+    return Simulation(trace, [None] * len(trace), cluster, policy, SchedulingConfig()).run()
+
+
+@pytest.fixture(scope="module")
+def busy_trace():
+    """Requests that overfill the cache: SGLang's ratio admits more than fit, so some are retracted."""
+    rng = np.random.default_rng(5)
+    count = 120
+    arrivals = np.sort(rng.uniform(0.0, 2.0, size=count))
+    inputs = rng.integers(50, 900, size=count)
+    outputs = np.where(rng.random(count) < 0.3, rng.integers(400, 1200, size=count), rng.integers(5, 120, size=count))
+    return Trace("busy", [str(i) for i in range(count)], arrivals, inputs, outputs)
+
+
+def test_the_ratio_is_sglangs_tracker():
+    from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    publish(ServerArgs(model_path="dummy", device="cpu"), role="test", ranks=SpawnRanks(world_rank=0))
+    try:
+        tracker = NewTokenRatioTracker.from_config()
+    finally:
+        reset_context()
+    ours = sglang_admission.NewTokenRatio()
+    assert (ours.init, ours.minimum, ours.decay) == pytest.approx((tracker.init, tracker.min, tracker.decay), abs=0)
+    for steps in (1, 7, 250, 400, 3):  # past the minimum too
+        for _ in range(steps):
+            tracker.decay_step()
+        ours.decay_steps(steps)
+        assert ours.current == tracker.current
+
+
+def test_every_admission_round_of_the_simulator_is_sglangs(sglang_pools, busy_trace, monkeypatch):
+    recorder = Recorder(monkeypatch)
+    result = run_sglang_admission(busy_trace)
+    assert np.isfinite(result.finish_times).all()
+    assert len(recorder.rounds) > 20 and any(full for *_, full in recorder.rounds)
+    assert any(admitted > 1 for *_, admitted, _ in recorder.rounds)  # rounds that admit several
+    assert any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)  # and stop inside the queue
+    assert any(held.generated for _, waiting, *_ in recorder.rounds for held in waiting)  # retracted ones come back
+    for running, waiting, ratio, admitted, full in recorder.rounds:
+        assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, ratio)
+
+
+def test_every_retraction_of_the_simulator_is_sglangs(sglang_pools, busy_trace, monkeypatch):
+    recorder = Recorder(monkeypatch)
+    result = run_sglang_admission(busy_trace)
+    assert result.retractions.sum() > 0 and recorder.retractions
+    for running, gone, ratio in recorder.retractions:
+        expected, expected_ratio = sglang_retraction(sglang_pools, running)
+        assert sorted(gone) == sorted(expected) and ratio == pytest.approx(expected_ratio, rel=1e-12), running
+
+
+# --- states at the edges: a token either way of each decision ------------------------------------
+
+
+def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], ratio: float) -> EngineInstance:
+    """A simulated instance holding ``running`` (each ``max_new`` its asked max_new_tokens) with ``waiting`` queued."""
+    from specforge_outlets.simulation.engine import SimRequest
+
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": capacity,
+                                        "max_new_tokens": 1, "kv_admission": "sglang"}, "test")
+    empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy("fcfs")),
+                        SchedulingConfig()).engines[0]
+    engine.steps_done = 10_000
+    for held in running:
+        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, None, 0)  # asks max(1, output) = max_new
+        request.join_step = engine.steps_done - (held.generated - 1)
+        request.finish_step = engine.steps_done + held.max_new - held.generated
+        engine.running[request.index] = request
+        engine.kv_tokens += held.prompt + held.generated
+    for held in waiting:
+        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, None, 0)
+        request.num_generated_tokens = held.generated  # retracted after this many, if any
+        request.retractions = int(held.generated > 0)
+        request.prefill_left = held.prompt + held.generated
+        engine.queue.add_request(request)
+    engine.new_token_ratio.current = ratio
+    return engine
+
+
+def random_held(rng, rid: int, running: bool) -> Held:
+    max_new = int(rng.choice([50, 300, 900, 5000]))  # 5000: above SGLang's clip of 4096
+    generated = int(rng.integers(1, max_new)) if running else int(rng.choice([0, 0, rng.integers(1, 40)]))
+    return Held(str(rid), int(rng.integers(20, 400)), generated, max_new)
+
+
+def test_admission_at_a_token_either_side_of_the_threshold_is_sglangs(sglang_pools):
+    allocator = sglang_pools[0]
+    rng = np.random.default_rng(0)
+    compared = flips = 0
+    for case in range(40):
+        running = [random_held(rng, i, True) for i in range(int(rng.integers(0, 4)))]
+        waiting = [random_held(rng, 10 + i, False) for i in range(3)]
+        ratio = float(rng.choice([0.7, 0.5, 0.098, 1.0]))
+        held = sum(h.prompt + h.generated - 1 for h in running)
+        charged = sum(sglang_admission.running_charge(h.max_new, h.generated, ratio) for h in running)
+        first = sglang_admission.admission_need(waiting[0].prompt + waiting[0].generated, waiting[0].max_new,
+                                                waiting[0].generated)
+        edge = held + int(charged) + first  # the capacity at which the first waiting request starts to fit
+        if edge + 3 > CAPACITY:
+            continue
+        decisions = set()
+        for capacity in range(edge - 2, edge + 3):
+            engine = engine_in_state(capacity, running, waiting, ratio)
+            engine._sglang_round(0.0)
+            ours = (len(waiting) - len(engine.queue), engine.batch_is_full)
+            batch = running_batch(sglang_pools, running)  # SGLang's pool of CAPACITY, the rest held elsewhere
+            allocator.alloc(CAPACITY - capacity)
+            from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+            adder = PrefillAdder(1, sglang_pools[2], allocator, batch, ratio, rem_input_tokens=10**9, rem_chunk_tokens=None)
+            full = False
+            for h in waiting:
+                req = sglang_req(h)
+                req.init_next_round_input(sglang_pools[2])
+                result = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                if result != AddReqResult.CONTINUE:
+                    full = result == AddReqResult.NO_TOKEN and (len(adder.can_run_list) > 0 or not batch.is_empty())
+                    break
+            assert ours == (len(adder.can_run_list), full), (capacity, running, waiting, ratio)
+            decisions.add(ours[0])
+            compared += 1
+        flips += len(decisions) > 1
+    assert compared >= 100 and flips >= 20  # the sweeps cross the threshold
+
+
+def test_retraction_with_ties_in_output_tokens_is_sglangs(sglang_pools):
+    rng = np.random.default_rng(1)
+    for case in range(30):
+        count = int(rng.integers(2, 6))
+        generated = rng.choice([3, 3, 8], size=count)  # ties in output tokens, and in prompts too
+        prompts = rng.choice([100, 100, 250], size=count)
+        running = [Held(str(i), int(p), int(g), 2000) for i, (p, g) in enumerate(zip(prompts, generated))]
+        held = sum(h.prompt + h.generated - 1 for h in running)
+        for short in range(1, 4):  # the next step is short of this many tokens
+            capacity = held + count - short
+            engine = engine_in_state(capacity, running, [], 0.5)
+            engine._make_room(0.0)
+            gone = [str(i) for i in range(count) if i not in engine.running]
+            allocator = sglang_pools[0]
+            batch = running_batch(sglang_pools, running)
+            allocator.alloc(CAPACITY - capacity)
+            batch.filter_batch = lambda keep_indices, batch=batch: setattr(
+                batch, "reqs", [batch.reqs[i] for i in keep_indices])
+            retracted, ratio, _ = batch.retract_decode()
+            assert sorted(gone) == sorted(r.rid for r in retracted), (running, capacity)
+            assert engine.new_token_ratio.current == pytest.approx(ratio, rel=1e-12)
