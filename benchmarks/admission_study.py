@@ -1,0 +1,96 @@
+"""The serving study's colocated runs under three KV admissions, every ratio against SGLang's own (issue 26).
+
+The label-set workload of ``serving_study_sharegpt.py`` (its ``LabelSetWorkload``, clusters and
+runs: SGLang's prediction-free policies and the plugin's default, least-predicted-work + tail-safe,
+with no prediction and with OUTLETS r̂₀) on 4 colocated H100 instances of 100,000 KV tokens each,
+under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
+``sglang`` (SGLang 0.5.23's own, ``simulation/sglang_admission.py``) and ``predicted`` (the plugin's
+KV by prediction; without a prediction it reserves in full). Every ratio is to SGLang's default,
+round robin + FCFS under SGLang's admission. Colocated only: ``kv_admission: sglang`` does not
+model SGLang's disaggregated decode instances.
+
+    .venv/bin/python benchmarks/admission_study.py    # about 2 minutes on one core
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, REPO)
+
+import serving_study_sharegpt as study  # noqa: E402
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
+from specforge_outlets.simulation.study import summarize  # noqa: E402
+
+CLUSTER = "colocated x4"
+KV_CAPACITY = 100_000  # per instance, as the serving study's KV-bound set-up
+ADMISSIONS = {"full reservation": KVAdmission.MAX_NEW_TOKENS, "sglang": KVAdmission.SGLANG,
+              "predicted": KVAdmission.PREDICTED}
+RUNS = study.PEER_RUNS + [(f"least-predicted-work + tail-safe | {p}", "least-predicted-work", "tail-safe", p)
+                          for p in ("none", "outlets r0")]
+BASELINE = ("sglang", "round-robin + fcfs")  # SGLang's default with SGLang's admission
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--rates", type=float, nargs="+", default=list(study.LabelSetWorkload.rates_rps))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=os.path.join(REPO, "benchmarks", "data", "admission-study"))
+    args = parser.parse_args()
+    work = study.LabelSetWorkload()
+    rows = []
+    for admission_name, admission in ADMISSIONS.items():
+        cluster = dataclasses.replace(study.cluster_for(CLUSTER, KVAdmission.PREDICTED, KV_CAPACITY), kv_admission=admission)
+        for rate in args.rates:
+            trace, cache = work.trace(rate, args.requests, args.seed), {}
+            for label, routing, queue, predictor in RUNS:
+                started = time.perf_counter()
+                result = study.run_one(work, trace, cluster, routing, queue, predictor, args.seed, cache)
+                metrics = summarize(result, 800)
+                rows.append({"admission": admission_name, "rate_rps": rate, "run": label,
+                             "short_p99_s": metrics["short"]["e2e_p99_s"], "long_p99_s": metrics["long"]["e2e_p99_s"],
+                             "throughput_tok_s": metrics["all"]["throughput_tok_s"],
+                             "retractions": int(result.retractions.sum()), "sim_wall_s": time.perf_counter() - started})
+                print(f"{admission_name:17s} {rate:4g} rps {label:48s} short P99 {rows[-1]['short_p99_s']:7.2f} s  "
+                      f"retractions {rows[-1]['retractions']}", flush=True)
+    os.makedirs(args.output, exist_ok=True)
+    result = {"command": "python benchmarks/admission_study.py " + " ".join(sys.argv[1:]), "cluster": CLUSTER,
+              "kv_capacity_tokens": KV_CAPACITY, "requests": args.requests, "seed": args.seed, "rows": rows}
+    write_text_atomic(os.path.join(args.output, "sharegpt-smollm2-colocated.json"), json.dumps(result, indent=1))
+    write_text_atomic(os.path.join(args.output, "report.md"), "\n".join(report(rows, args.rates)) + "\n")
+    print(f"wrote {args.output}")
+
+
+def report(rows, rates):
+    """short P99 / long P99 / throughput of every run as ratios to SGLang's default under SGLang's admission."""
+    by = {(row["admission"], row["rate_rps"], row["run"]): row for row in rows}
+    lines = ["short P99 / long P99 / throughput as ratios to round robin + FCFS under SGLang's admission "
+             "(retractions in brackets)", "",
+             "| admission | run | " + " | ".join(f"{rate:g} rps" for rate in rates) + " |",
+             "|---|---|" + "---:|" * len(rates)]
+    for admission in ADMISSIONS:
+        for label, *_ in RUNS:
+            cells = []
+            for rate in rates:
+                ours, base = by[(admission, rate, label)], by[(BASELINE[0], rate, BASELINE[1])]
+                cells.append(f"{ours['short_p99_s'] / base['short_p99_s']:.2f} / {ours['long_p99_s'] / base['long_p99_s']:.2f}"
+                             f" / {ours['throughput_tok_s'] / base['throughput_tok_s']:.2f} ({ours['retractions']})")
+            lines.append(f"| {admission} | {label.replace('|', chr(92) + '|')} | " + " | ".join(cells) + " |")
+    lines += ["", "| requests/s | " + " | ".join(f"{rate:g}" for rate in rates) + " |", "|---|" + "---:|" * len(rates)]
+    for key, name in (("short_p99_s", "baseline short P99 s"), ("long_p99_s", "baseline long P99 s"),
+                      ("throughput_tok_s", "baseline tok/s")):
+        lines.append(f"| {name} | " + " | ".join(f"{by[(BASELINE[0], rate, BASELINE[1])][key]:.1f}" for rate in rates) + " |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
