@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from typing import List, Optional, Sequence
 
 from specforge_outlets.cli import main as outlets
@@ -92,28 +93,36 @@ def regen_files() -> List[str]:
     return ["test.jsonl", "train.jsonl", *(f"noise-seed{seed}.jsonl" for seed in NOISE_SEEDS)]
 
 
-def capture_input(regen: str, split: str) -> str:
+def capture_input(regen: str, split: str, rows: Optional[int] = None) -> str:
     """The file ``capture`` reads: every response of the split, the censored ones too.
 
     A censored response has no label, only a lower bound: training fits it one-sided
     (``outlets.length_censored``, ``--censored-training``) and drafts on its tokens, the test
     scores count it through the censoring-aware metrics, and the serving study needs every test
-    request's predictions, the long tail included.
+    request's predictions, the long tail included. ``rows`` keeps that many of them, the first in a
+    seeded order of ids (nested: a larger subset holds a smaller one), for a capture that has to
+    fit a CPU budget.
     """
     path = os.path.join(regen, f"{split}.jsonl")
-    merged = os.path.join(regen, f"{split}.with-censored.jsonl")
+    merged = os.path.join(regen, f"{split}.with-censored{f'.first{rows}' if rows else ''}.jsonl")
     if not os.path.exists(merged):  # written once: a resumed capture must read the same rows in the same order
-        write_jsonl(merged, recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"]))
+        every = recover_jsonl(path) + recover_jsonl(side_paths(path)["filtered"])
+        if rows:
+            if rows > len(every):
+                raise SystemExit(f"--train-rows {rows}: the {split} split has {len(every)} responses")
+            chosen = set(sorted((str(row["id"]) for row in every), key=lambda i: zlib.crc32(f"0:{i}".encode()))[:rows])
+            every = [row for row in every if str(row["id"]) in chosen]
+        write_jsonl(merged, every)
     return merged
 
 
-def capture(args: argparse.Namespace, regen: str, split: str, output: str) -> None:
+def capture(args: argparse.Namespace, regen: str, split: str, output: str, rows: Optional[int] = None) -> None:
     """``outlets capture`` of one split, ``--workers`` shards at once; resumed where an earlier run stopped."""
     if os.path.exists(os.path.join(output, "manifest.json")):
         print(f"skip (exists): {output}/manifest.json")
         return
     argv = [sys.executable, "-m", "specforge_outlets.cli", "capture", "--target", args.target,
-            "--input", capture_input(regen, split), "--output", output, "--split", split,
+            "--input", capture_input(regen, split, rows), "--output", output, "--split", split,
             "--max-length", str(args.max_length), "--resume"]  # fmt: skip
     if args.workers > 1:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -157,6 +166,8 @@ def run() -> int:
     parser.add_argument("--labels-as-is", action="store_true",
                         help="no regeneration: pack, train and evaluate on the label set as far as it got")
     parser.add_argument("--max-length", type=int, default=4096, help="capture: longest conversation kept (tokens)")
+    parser.add_argument("--train-rows", type=int,
+                        help="capture, train and fit on this many train responses only (a seeded subset: CPU budget)")
     parser.add_argument("--train-max-length", type=int, default=2048, help="training sequence length (tokens)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs of every draft")
     parser.add_argument("--max-steps", type=int, help="cap on each draft's optimizer steps (CPU time budget)")
@@ -208,11 +219,12 @@ def run() -> int:
     if last < STAGES.index("capture"):
         return 0
 
-    for split in ("train", "test"):
-        capture(args, regen, split, os.path.join(features, split))
+    train_features = os.path.join(features, f"train-first{args.train_rows}" if args.train_rows else "train")
+    test_features = os.path.join(features, "test")
+    capture(args, regen, "test", test_features)  # first: the evaluation needs every test request
+    capture(args, regen, "train", train_features, args.train_rows)
     if last < STAGES.index("train"):
         return 0
-    train_features, test_features = os.path.join(features, "train"), os.path.join(features, "test")
     drafts = {name: train_draft(args, out, name, train_features, DRAFTS[name]) for name in args.drafts}
     if last < STAGES.index("eval"):
         return 0
