@@ -26,3 +26,15 @@ def test_no_prompt_or_prompt_group_is_in_both_train_and_test():
     with open(os.path.join(PACKED, "summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
     assert summary["train"]["packed_rows"] == len(train) and summary["test"]["packed_rows"] == len(test)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(PACKED, "summary.json")), reason="no committed label set")
+def test_every_prompt_is_answered_and_250_test_prompts_have_4_samples():
+    with open(os.path.join(PACKED, "summary.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    assert all(summary[stem]["complete"] for stem in ("train", "test", "noise-seed1", "noise-seed2", "noise-seed3"))
+    samples = {r["id"]: 1 for r in _rows("test")}  # the scored response is the first sample
+    for seed in (1, 2, 3):
+        for row in _rows(f"noise-seed{seed}"):
+            samples[row["id"]] += 1
+    assert sum(count >= 4 for count in samples.values()) >= 250
