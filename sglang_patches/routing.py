@@ -2,8 +2,8 @@
 predicted outstanding work, through SGLang's own load-snapshot path.
 
 - Scheduler side: ``SchedulerLoadInquirer.get_loads`` returns an ``OutletsLoadSnapshot`` (SGLang's
-  ``LoadSnapshot`` plus the rank's predicted work and request count as the plugin sees them).
-  msgspec structs decode unknown fields away, so stock readers (``/v1/loads``) are unaffected.
+  ``LoadSnapshot`` plus the rank's predicted work and request count as the plugin sees them;
+  ``snapshots.py``), under either OUTLETS policy (``GET /get_load`` reads it too: ``load_endpoint.py``).
 - Controller side: ``load_snapshot.snapshot_decoder`` decodes the subclass; the controller keeps a
   ``RankLoad`` per rank, refreshed from snapshots (at most every 20 ms, as SGLang does) and
   incremented for each request it dispatches until the next snapshot, and picks the rank with
@@ -19,38 +19,10 @@ from collections import deque
 from specforge_outlets.scheduling import RankLoad, least_predicted_work_rank, predicted_remaining
 from sglang_patches import predictions as P
 from sglang_patches import state
+from sglang_patches.snapshots import install_snapshot_decoder, snapshot_class
 from sglang_patches.settings import POLICY_NAME
 
 logger = logging.getLogger("sglang_patches")
-
-_snapshot_class = None
-
-
-def snapshot_class():
-    """``LoadSnapshot`` with two more fields (defined lazily: needs SGLang)."""
-    global _snapshot_class
-    if _snapshot_class is None:
-        from sglang.srt.managers.load_snapshot import LoadSnapshot
-
-        class OutletsLoadSnapshot(LoadSnapshot, omit_defaults=True):
-            outlets_predicted_work: float = 0.0
-            outlets_num_requests: int = 0
-            # generate requests this rank's scheduler has received since it started
-            outlets_received_requests: int = 0
-
-        _snapshot_class = OutletsLoadSnapshot
-    return _snapshot_class
-
-
-def install_snapshot_decoder() -> None:
-    """Make the load-snapshot readers of this process decode the extra fields."""
-    import msgspec.msgpack
-    from sglang.srt.managers import load_snapshot
-
-    if getattr(load_snapshot.snapshot_decoder, "type", None) is not snapshot_class():
-        load_snapshot.snapshot_decoder = msgspec.msgpack.Decoder(snapshot_class())
-    if POLICY_NAME not in load_snapshot._LOAD_AWARE_METHODS:
-        load_snapshot._LOAD_AWARE_METHODS = frozenset(load_snapshot._LOAD_AWARE_METHODS | {POLICY_NAME})
 
 
 def rank_requests(inquirer):
@@ -63,6 +35,9 @@ def rank_requests(inquirer):
             items = getattr(queue, "queue", None)
             if items:
                 queues.append([getattr(item, "req", item) for item in items])
+            retracted = getattr(queue, "retracted_queue", None)  # PD decode: retracted, waiting to resume
+            if retracted:
+                queues.append(list(retracted))
         except Exception:
             continue
     chunked = inquirer.get_chunked_req()
@@ -73,8 +48,11 @@ def rank_requests(inquirer):
 
 
 def get_loads_around(original, self):
+    """SGLang's snapshot plus the rank's predicted work, under either OUTLETS policy: the DP
+    controller balances by it (``--load-balance-method outlets``) and ``GET /get_load`` reports it
+    (``load_endpoint``, every instance with ``--schedule-policy outlets``)."""
     snapshot = original(self)
-    if not state.load_balance_is_outlets():
+    if not (state.load_balance_is_outlets() or state.schedule_policy_is_outlets()):
         return snapshot
     try:
         config = state.settings().scheduling

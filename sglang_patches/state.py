@@ -1,9 +1,10 @@
 """Runtime state of the plugin in one SGLang process: settings, who runs OUTLETS, hooks, metrics, start-up log.
 
 A leaf: it imports no other plugin module but ``settings`` (flags and their validation, stateless),
-so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``routing``,
-``predictor``) all read it and none imports another. Tests set state through :func:`use_settings`
-and :func:`reset_settings`.
+so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``client_predictions``,
+``routing``, ``load_endpoint``, ``predictor``, ``speculative``) all read it and none imports another
+(they share helpers that hold no hooks: ``predictions``, ``snapshots``). Tests set state through
+:func:`use_settings` and :func:`reset_settings`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ ours is involved. See also test_sglang_dp.py and test_sglang_predictor.py.
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+import time
+import urllib.error
 
 import pytest
 
@@ -104,6 +108,39 @@ class TestOutletsPolicy:
         GREEDY_TOKENS["outlets"] = response["output_ids"]  # compared with the stock server's below
 
 
+    def test_get_load_reports_the_predicted_remaining_work(self, server):
+        """What sglang-router's power_of_two reads: while a request predicted 5000 runs, its predicted
+        remaining (5000 minus the <= 400 tokens generated), not SGLang's token load (a few hundred)."""
+        assert json.loads(server.get("/get_load")) == [
+            {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "load": "predicted_remaining"}]
+        done = threading.Event()
+
+        def run():
+            try:
+                server.generate(PROMPT + " load", max_new_tokens=400, predicted=5000)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        polls = []
+        while not done.is_set():
+            polls.append(json.loads(server.get("/get_load"))[0])
+            time.sleep(0.02)
+        busy = [poll["num_tokens"] for poll in polls if poll["num_reqs"] > 0]
+        assert busy and all(4600 <= tokens <= 5000 for tokens in busy), (len(polls), busy)
+        assert all(isinstance(poll["num_tokens"], int) and poll["load"] == "predicted_remaining" for poll in polls)
+        deadline = time.monotonic() + 10  # the scheduler publishes its idle snapshot once the request is done
+        while json.loads(server.get("/get_load"))[0]["num_tokens"] != 0:
+            assert time.monotonic() < deadline, server.get("/get_load")
+            time.sleep(0.1)
+
+    def test_a_prediction_in_custom_labels_is_used(self, server):
+        """sglang-router keeps custom_labels on /generate (it drops custom_params): the plugin reads it there."""
+        response = server.post("/generate", {"text": PROMPT, "custom_labels": {"outlets_predicted_output_len": "42"},
+                                             "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+        assert response["meta_info"]["predicted_output_len"] == 42.0
+
+
 class TestStock:
     """The same server without the plugin's flags: the plugin is loaded but inert."""
 
@@ -123,6 +160,12 @@ class TestStock:
         # The hooks are applied in every SGLang process (test_sglang_plugin.py proves it) but pass
         # through: no start-up line, no prediction.
         assert "OUTLETS" not in server.log_text()
+
+    def test_no_get_load_route(self, server):
+        """SGLang 0.5.23 serves no /get_load (sglang-router then reads -1 for every worker)."""
+        with pytest.raises(urllib.error.HTTPError) as error:
+            server.get("/get_load")
+        assert error.value.code == 404
 
     def test_end_at_output_len_ends_each_request_at_its_length_under_the_cap(self, server, chat_target):
         """`outlets bench-serving --end-at-output-len`: exactly the recorded length, with max_new_tokens a cap."""

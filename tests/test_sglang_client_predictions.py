@@ -1,0 +1,81 @@
+"""A client's prediction in ``custom_labels`` (sglang_patches/client_predictions.py) on SGLang 0.5.23's own
+request objects, in-process: the field sglang-router keeps on ``/generate`` reaches ``custom_params``.
+On a real server: tests/test_sglang_server.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
+
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
+if STUBS not in sys.path:
+    sys.path.insert(0, STUBS)
+
+from sglang_patches import predictions as P, state  # noqa: E402
+from sglang_patches.settings import CUSTOM_PARAM_KEY  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plugins_loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    return state.applied_targets()
+
+
+def generate_input(sampling_params, labels, text="hello"):
+    """A ``GenerateReqInput`` as SGLang's HTTP server builds it, normalised through the applied hook."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text=text, sampling_params=sampling_params, custom_labels=labels)
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+def prediction_of(sampling_params: dict):
+    """The prediction the scheduler reads from SGLang's ``SamplingParams`` built from the request's dict."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return P.external_prediction(SamplingParams(**sampling_params))
+
+
+def test_a_label_becomes_the_prediction(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    obj = generate_input({"max_new_tokens": 3}, {CUSTOM_PARAM_KEY: "120", "team": "a"})
+    assert obj.sampling_params["max_new_tokens"] == 3
+    assert prediction_of(obj.sampling_params) == 120.0
+    # out of the labels (SGLang's metrics refuse unknown label names); the client's own labels stay
+    assert obj.custom_labels == {"team": "a"}
+    assert generate_input({}, {CUSTOM_PARAM_KEY: "7"}).custom_labels is None
+    assert prediction_of(generate_input(None, {CUSTOM_PARAM_KEY: "7"}).sampling_params) == 7.0
+
+
+def test_custom_params_win_and_other_custom_params_are_kept(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    obj = generate_input({"custom_params": {CUSTOM_PARAM_KEY: 30, "other": 1}}, {CUSTOM_PARAM_KEY: "999"})
+    assert prediction_of(obj.sampling_params) == 30.0
+    obj = generate_input({"custom_params": {"other": 1}}, {CUSTOM_PARAM_KEY: "55"})
+    assert obj.sampling_params["custom_params"] == {"other": 1, CUSTOM_PARAM_KEY: "55"}
+
+
+def test_a_batch_gets_the_label_where_an_item_has_no_prediction(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    obj = generate_input([{"custom_params": {CUSTOM_PARAM_KEY: 4}}, {}], {CUSTOM_PARAM_KEY: "80"}, text=["a", "b"])
+    assert [prediction_of(params) for params in obj.sampling_params] == [4.0, 80.0]
+
+
+def test_a_bad_label_is_refused_where_custom_params_are(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    obj = generate_input({}, {CUSTOM_PARAM_KEY: "lots"})
+    with pytest.raises(ValueError):
+        prediction_of(obj.sampling_params)  # the scheduler falls back to the prior on this (test_sglang_plugin.py)
+
+
+def test_stock_sglang_leaves_the_request_alone(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: False)
+    obj = generate_input({"max_new_tokens": 3}, {CUSTOM_PARAM_KEY: "120"})
+    assert "custom_params" not in obj.sampling_params and obj.custom_labels == {CUSTOM_PARAM_KEY: "120"}
