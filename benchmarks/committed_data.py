@@ -5,8 +5,9 @@
   censored ones included) with ``id``, ``true_output_len`` (for a censored response the length it ran
   to, the 2,048 cap), ``censored``, ``static`` (each predictor's r̂₀) and ``dynamic`` (each
   re-predicting predictor's estimate at every output token). The serving benchmarks replay what each
-  request *generated*, so they read the censored rows' lengths too; ``predictions_file.py`` reads one
-  predictor's predictions for ``--predictions`` flags.
+  request *generated*, so they read the censored rows' lengths too. Both they and ``--predictions``
+  flags read it with ``specforge_outlets/evaluation/predictions_file.py`` (``iter_record``, which
+  checks those fields; ``read_predictions``, one predictor's).
 - **Shared data** (ShareGPT prompts, traces) is never copied into the repository: it is found by
   ``specforge_outlets.resources.shared_data`` (``$OUTLETS_SHARED_DIR``, else ``../shared`` beside the
   checkout).
@@ -16,8 +17,6 @@ Benchmarks run as ``python benchmarks/NAME.py``, so this directory is on their p
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import sys
 from typing import Dict, List
@@ -26,6 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from specforge_outlets.errors import OutletsError  # noqa: E402
+from specforge_outlets.evaluation.predictions_file import iter_record  # noqa: E402
 from specforge_outlets.resources import ENV_SHARED_DIR, shared_data  # noqa: E402
 
 LABEL_SET = os.path.join(REPO, "benchmarks", "data", "sharegpt-smollm2")
@@ -34,7 +35,6 @@ EVAL_RECORD = os.path.join(LABEL_SET, "eval", "predictions.jsonl.gz")
 SHAREGPT_PROMPTS = "data/prompts/sharegpt_first_turn_2978.jsonl"
 AZURE_CONV_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"
 SHAREGPT_CHATGPT_LENGTHS = "data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
-RECORD_FIELDS = ("id", "true_output_len", "censored", "static")
 
 
 def shared(relative: str, needed_by: str) -> str:
@@ -48,15 +48,8 @@ def shared(relative: str, needed_by: str) -> str:
 
 
 def read_eval_record(path: str = EVAL_RECORD) -> List[Dict]:
-    """Every row of the evaluation record; a row without the fields the benchmarks read is refused by line."""
-    rows = []
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            missing = [field for field in RECORD_FIELDS if field not in row]
-            if missing:
-                raise SystemExit(f"{path} line {number}: no {', '.join(missing)}; not an `outlets eval` record")
-            rows.append(row)
-    return rows
+    """Every row of the evaluation record; a row without the fields the benchmarks read stops them, naming its line."""
+    try:
+        return [row for _, row in iter_record(path, "the evaluation record")]
+    except OutletsError as exc:
+        raise SystemExit(str(exc)) from None

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from specforge_outlets.cli import main
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.predictions_file import MAX_QUOTED_ROW_CHARS, read_predictions
+from specforge_outlets.evaluation.predictions_file import MAX_QUOTED_ROW_CHARS, iter_record, read_predictions
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths, predicted_trajectories
 from specforge_outlets.serving.trace import Trace
 
@@ -48,6 +49,48 @@ def test_a_record_is_read_as_the_named_predictor_static_and_dynamic(record):
     assert [t.tolist() for t in dynamic] == [[5.0, 2.5, 1.0], [9.0, 8.0]]
     with pytest.raises(OutletsError, match="trace id 'a' has no trajectory of --file-predictor 'bert'"):
         predicted_trajectories(PredictorKind.FILE_DYNAMIC, trace, record, file_predictor="bert")
+
+
+def test_iter_jsonl_reads_a_gzip_file_as_the_plain_one(tmp_path):
+    text = '{"id": "a"}\n\n[1]\n{"id": "b"}\n'
+    plain = tmp_path / "rows.jsonl"
+    plain.write_text(text)
+    compressed = tmp_path / "rows.jsonl.gz"  # told apart by its first bytes, not its name
+    compressed.write_bytes(gzip.compress(text.encode()))
+    for path in (plain, compressed):
+        lines = list(iter_jsonl(str(path)))
+        assert [number for number, _ in lines] == [1, 3, 4]
+        assert lines[0][1] == {"id": "a"} and lines[2][1] == {"id": "b"}
+        assert isinstance(lines[1][1], BadLine) and f"{path}:3: expected a JSON object, got list" in str(lines[1][1])
+
+
+def test_the_record_reader_checks_every_field_and_names_the_line(record, tmp_path):
+    assert [row["id"] for _, row in iter_record(record)] == ["a", "b"]
+    for field, value, problem in (("dynamic", None, "no dynamic"),
+                                  ("true_output_len", 0, "true_output_len must be a positive number"),
+                                  ("censored", "no", "censored must be true or false"),
+                                  ("static", [5.0], "static and dynamic must be maps")):
+        bad = record_row("c", 3, False, 5.0, 7.0, [5.0])
+        if value is None:
+            del bad[field]
+        else:
+            bad[field] = value
+        path = write_gz(tmp_path / f"bad-{field}.jsonl.gz", [record_row("a", 3, False, 5.0, 7.0, [5.0]), bad])
+        with pytest.raises(OutletsError, match=f"bad-{field}.jsonl.gz line 2: {problem}"):
+            list(iter_record(path))
+        with pytest.raises(OutletsError, match=f"line 2: {problem}"):
+            read_predictions(path, predictor="outlets")
+
+
+def test_the_serving_benchmarks_read_the_committed_record_with_it(tmp_path):
+    from benchmarks.committed_data import read_eval_record
+
+    rows = read_eval_record()
+    assert len(rows) == 595 and sum(row["censored"] for row in rows) == 92
+    assert rows == [row for _, row in iter_record(COMMITTED)]
+    path = write_gz(tmp_path / "old.jsonl.gz", [{"id": "a", "true_output_len": 3, "censored": False, "static": {}}])
+    with pytest.raises(SystemExit, match="the evaluation record .*old.jsonl.gz line 1: no dynamic"):
+        read_eval_record(path)
 
 
 def test_a_record_without_a_named_predictor_is_refused_listing_its_predictors(record):

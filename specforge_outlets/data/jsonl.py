@@ -1,5 +1,8 @@
 """JSONL reading that names bad lines, and an append-only writer that survives crashes.
 
+:func:`iter_jsonl` reads gzip-compressed files too (``outlets eval``'s ``predictions.jsonl.gz``),
+told apart by their first bytes rather than their name.
+
 Regeneration runs for hours against servers that fail; its output is append-only with one
 complete row per line, flushed and synced as soon as the row is done. A crash can at worst leave
 one partial last line, which :func:`recover_jsonl` cuts off before a resumed run appends to it.
@@ -7,20 +10,33 @@ one partial last line, which :func:`recover_jsonl` cuts off before a resumed run
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
 from specforge_outlets.atomic import write_text_atomic
+
+
+# The first two bytes of a gzip file (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class BadLine(Exception):
     """A line that is not a JSON object; the message says which line and why."""
 
 
+def _open_text(path: str) -> IO[str]:
+    """``path`` opened for reading as UTF-8 text, decompressed if it is a gzip file."""
+    with open(path, "rb") as handle:
+        compressed = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    return gzip.open(path, "rt", encoding="utf-8") if compressed else open(path, "r", encoding="utf-8")
+
+
 def iter_jsonl(path: str) -> Iterator[Tuple[int, Any]]:
-    """Yield ``(line_number, object_or_BadLine)`` for each non-blank line (1-based numbers)."""
-    with open(path, "r", encoding="utf-8") as handle:
+    """Yield ``(line_number, object_or_BadLine)`` for each non-blank line (1-based numbers) of a plain
+    or gzip-compressed file; a cut or corrupt gzip file raises ``OSError`` or ``EOFError`` as it is read."""
+    with _open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

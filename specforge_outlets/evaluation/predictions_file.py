@@ -11,12 +11,12 @@ A file of several predictors is read with the one to use named (``predictor``): 
 complete record (``predictions.jsonl.gz``, gzip-compressed, one row per request with a ``static``
 map of r̂₀ and a ``dynamic`` map of trajectories by predictor; a censored row's length is a lower
 bound, so it is read as unknown), or rows that each carry a ``predictor`` field (``predictions.jsonl``).
+The complete record's own rows, every predictor's, checked, are :func:`iter_record`'s: the serving
+benchmarks replay them (``benchmarks/committed_data.py``).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -27,11 +27,11 @@ from specforge_outlets.errors import OutletsError
 
 # Fields a row's true length may come under (``output_length``: traces and bench-serving records).
 TRUE_LENGTH_FIELDS = ("true_output_len", "output_length")
+# Every row of ``outlets eval``'s complete record holds these (``report.request_rows`` writes them).
+RECORD_FIELDS = ("id", "true_output_len", "censored", "static", "dynamic")
 # A row quoted in an error is cut to this many characters: a complete record's row holds every
 # predictor's estimate at every output token (kilobytes).
 MAX_QUOTED_ROW_CHARS = 200
-# The first two bytes of a gzip file (RFC 1952): ``outlets eval``'s complete record is compressed.
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -63,49 +63,69 @@ def quoted_row(row: Any) -> str:
     return f"{text[:MAX_QUOTED_ROW_CHARS]}... ({len(text)} characters)"
 
 
-def _gzip_rows(path: str) -> Iterator[Tuple[int, Any]]:
-    """``iter_jsonl`` of a gzip-compressed file: ``(line_number, object_or_BadLine)``."""
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                value = BadLine(f"malformed JSON ({exc.msg} at column {exc.colno})")
-            if not isinstance(value, (dict, BadLine)):
-                value = BadLine(f"expected a JSON object, got {type(value).__name__}")
-            yield number, value
+def _lines(path: str, flag: str) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """``(line_number, row)`` of a plain or gzip-compressed JSONL file; a missing or unreadable file
+    or a line that is not a JSON object is refused naming the flag, the file and the line."""
+    if not os.path.isfile(path):
+        raise OutletsError(f"{flag} {path}: no such file")
+    try:
+        for number, row in iter_jsonl(path):
+            if isinstance(row, BadLine):
+                raise OutletsError(f"{flag} {row}")
+            yield number, row
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # a cut or corrupt gzip file, or not text
+        raise OutletsError(f"{flag} {path}: not a readable JSONL or gzip-compressed JSONL file ({exc})") from None
 
 
-def _rows(path: str) -> Iterator[Tuple[int, Any]]:
-    with open(path, "rb") as handle:
-        compressed = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-    return _gzip_rows(path) if compressed else iter_jsonl(path)
+def iter_record(path: str, flag: str = "--predictions") -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """``(line_number, row)`` of each row of ``outlets eval``'s complete record (``predictions.jsonl.gz``).
+
+    Every row is checked to hold ``RECORD_FIELDS``: ``id``; ``true_output_len``, a positive number
+    (for a censored response the length it ran to, a lower bound); ``censored``, true or false;
+    ``static``, each predictor's r̂₀; ``dynamic``, each re-predicting predictor's estimate at every
+    output token. A row that does not is refused naming ``flag``, the file and the line.
+    """
+    for number, row in _lines(path, flag):
+        missing = [field for field in RECORD_FIELDS if field not in row]
+        if missing:
+            problem = f"no {', '.join(missing)}"
+        elif not _positive(row["true_output_len"]):
+            problem = f"true_output_len must be a positive number, got {row['true_output_len']!r}"
+        elif not isinstance(row["censored"], bool):
+            problem = f"censored must be true or false, got {row['censored']!r}"
+        elif not (isinstance(row["static"], dict) and isinstance(row["dynamic"], dict)):
+            problem = "static and dynamic must be maps by predictor name"
+        else:
+            yield number, row
+            continue
+        raise OutletsError(f"{flag} {path} line {number}: {problem}; not a row of outlets eval's complete record "
+                           f"({quoted_row(row)})")
 
 
-def _predictors_of(row: Dict[str, Any]) -> List[str]:
-    return sorted(row["static"]) if isinstance(row.get("static"), dict) else []
+def _is_record(path: str, flag: str) -> bool:
+    """Whether the file is ``outlets eval``'s complete record: its first row has a ``static`` map."""
+    for _, row in _lines(path, flag):
+        return isinstance(row.get("static"), dict)
+    return False
 
 
-def _select(row: Dict[str, Any], predictor: Optional[str], where: str, predictor_flag: str) -> Optional[Dict[str, Any]]:
+def _select(row: Dict[str, Any], record: bool, predictor: Optional[str], where: str,
+            predictor_flag: str) -> Optional[Dict[str, Any]]:
     """The row as one predictor's (id, predicted_output_len, true length, trajectory), or None: another predictor's."""
-    record = isinstance(row.get("static"), dict)
-    if predictor is None:
-        if record:
+    if record:
+        if predictor is None:
             raise OutletsError(
                 f"{where}: a row of outlets eval's complete record, with the predictions of "
-                f"{', '.join(_predictors_of(row))}; name the one to use with {predictor_flag} NAME")
-        return row
-    if record:
+                f"{', '.join(sorted(row['static']))}; name the one to use with {predictor_flag} NAME")
         if predictor not in row["static"]:
             raise OutletsError(f"{where}: no prediction of {predictor_flag} {predictor!r}; this row has "
-                               f"{', '.join(_predictors_of(row))}")
-        dynamic = row.get("dynamic") if isinstance(row.get("dynamic"), dict) else {}
-        return {"id": row.get("id"), "predicted_output_len": row["static"][predictor],
+                               f"{', '.join(sorted(row['static']))}")
+        return {"id": row["id"], "predicted_output_len": row["static"][predictor],
                 # a censored response was cut: its length is a lower bound, not the true length
-                "true_output_len": None if row.get("censored") else row.get("true_output_len"),
-                "trajectory": dynamic.get(predictor)}
+                "true_output_len": None if row["censored"] else row["true_output_len"],
+                "trajectory": row["dynamic"].get(predictor)}
+    if predictor is None:
+        return row
     if "predictor" in row:
         return row if row["predictor"] == predictor else None
     raise OutletsError(f"{where}: {predictor_flag} {predictor!r} names a predictor of a file of several (outlets eval's "
@@ -117,45 +137,40 @@ def read_predictions(path: str, flag: str = "--predictions", predictor: Optional
                      predictor_flag: str = "--file-predictor") -> List[PredictionRow]:
     """Every row of the file (of a file of several predictors, ``predictor``'s); a bad row is refused
     naming the flag, the file and the line."""
-    if not os.path.isfile(path):
-        raise OutletsError(f"{flag} {path}: no such file")
+    record = _is_record(path, flag)
     rows: List[PredictionRow] = []
     first_line: Dict[str, int] = {}  # id -> the line it first appeared on
     seen_predictors: List[str] = []
-    try:
-        for line_number, raw in _rows(path):
-            where = f"{flag} {path} line {line_number}"
-            if isinstance(raw, BadLine):
-                raise OutletsError(f"{where}: {raw}")
-            if "predictor" in raw and str(raw["predictor"]) not in seen_predictors:
-                if predictor is None and seen_predictors:
-                    raise OutletsError(f"{where}: rows of several predictors ({seen_predictors[0]!r} before, "
-                                       f"{raw['predictor']!r} here); name the one to use with {predictor_flag} NAME")
-                seen_predictors.append(str(raw["predictor"]))
-            seen_predictors = seen_predictors or _predictors_of(raw)
-            row = _select(raw, predictor, where, predictor_flag)
-            if row is None:
-                continue
-            if "id" not in row or not _positive(row.get("predicted_output_len")):
-                raise OutletsError(f"{where}: needs an id and a positive predicted_output_len, got {quoted_row(raw)}")
-            true = next((row[field] for field in TRUE_LENGTH_FIELDS if row.get(field) is not None), None)
-            if true is not None and not _positive(true):
-                raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
-            trajectory = row.get("trajectory")
-            if trajectory is not None and not (isinstance(trajectory, list) and trajectory and all(
-                    _positive(value) or value == 0 for value in trajectory)):
-                raise OutletsError(f"{where}: trajectory must be a non-empty list of non-negative numbers (the "
-                                   "estimate at each output token)")
-            request_id = str(row["id"])
-            if request_id in first_line:
-                raise OutletsError(f"{where}: id {request_id!r} again (first on line {first_line[request_id]}); "
-                                   "one prediction per request: drop or rename the duplicate")
-            first_line[request_id] = line_number
-            rows.append(PredictionRow(request_id, float(row["predicted_output_len"]),
-                                      None if true is None else float(true),
-                                      None if trajectory is None else tuple(float(value) for value in trajectory)))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:  # a cut or corrupt gzip file, or not text
-        raise OutletsError(f"{flag} {path}: not a readable JSONL or gzip-compressed JSONL file ({exc})") from None
+    for line_number, raw in iter_record(path, flag) if record else _lines(path, flag):
+        where = f"{flag} {path} line {line_number}"
+        if record:
+            seen_predictors = seen_predictors or sorted(raw["static"])
+        elif "predictor" in raw and str(raw["predictor"]) not in seen_predictors:
+            if predictor is None and seen_predictors:
+                raise OutletsError(f"{where}: rows of several predictors ({seen_predictors[0]!r} before, "
+                                   f"{raw['predictor']!r} here); name the one to use with {predictor_flag} NAME")
+            seen_predictors.append(str(raw["predictor"]))
+        row = _select(raw, record, predictor, where, predictor_flag)
+        if row is None:
+            continue
+        if "id" not in row or not _positive(row.get("predicted_output_len")):
+            raise OutletsError(f"{where}: needs an id and a positive predicted_output_len, got {quoted_row(raw)}")
+        true = next((row[field] for field in TRUE_LENGTH_FIELDS if row.get(field) is not None), None)
+        if true is not None and not _positive(true):
+            raise OutletsError(f"{where}: {TRUE_LENGTH_FIELDS[0]} must be a positive number, got {true!r}")
+        trajectory = row.get("trajectory")
+        if trajectory is not None and not (isinstance(trajectory, list) and trajectory and all(
+                _positive(value) or value == 0 for value in trajectory)):
+            raise OutletsError(f"{where}: trajectory must be a non-empty list of non-negative numbers (the "
+                               "estimate at each output token)")
+        request_id = str(row["id"])
+        if request_id in first_line:
+            raise OutletsError(f"{where}: id {request_id!r} again (first on line {first_line[request_id]}); "
+                               "one prediction per request: drop or rename the duplicate")
+        first_line[request_id] = line_number
+        rows.append(PredictionRow(request_id, float(row["predicted_output_len"]),
+                                  None if true is None else float(true),
+                                  None if trajectory is None else tuple(float(value) for value in trajectory)))
     if not rows:
         if predictor is not None:
             raise OutletsError(f"{flag} {path}: no predictions of {predictor_flag} {predictor!r}"
