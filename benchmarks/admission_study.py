@@ -1,15 +1,19 @@
 """The serving study's colocated runs under three KV admissions, every ratio against SGLang's own (issue 26).
 
-The label-set workload of ``serving_study_sharegpt.py`` (its ``LabelSetWorkload``, clusters and
-runs: SGLang's prediction-free policies and the plugin's default, least-predicted-work + tail-safe,
-with no prediction and with OUTLETS r̂₀) on 4 colocated H100 instances of 100,000 KV tokens each,
+A workload of ``serving_study_sharegpt.py`` (``--workload``: the label set's, ``sharegpt-chatgpt`` or
+``azure-conv``, with that study's clusters and runs: SGLang's prediction-free policies and the
+plugin's default, least-predicted-work + tail-safe, with no prediction and with OUTLETS r̂₀; the
+other two workloads' r̂₀ carry the errors OUTLETS made on the label set) on 4 colocated H100
+instances of 100,000 KV tokens each,
 under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
 ``sglang`` (SGLang 0.5.23's own, ``simulation/sglang_admission.py``) and ``predicted`` (the plugin's
 KV by prediction; without a prediction it reserves in full). Every ratio is to SGLang's default,
 round robin + FCFS under SGLang's admission. Colocated only: ``kv_admission: sglang`` does not
-model SGLang's disaggregated decode instances.
+model SGLang's disaggregated decode instances. Writes ``<workload>-colocated.json`` and ``report.md``,
+one section for each workload written so far.
 
-    .venv/bin/python benchmarks/admission_study.py    # about 2 minutes on one core
+    .venv/bin/python benchmarks/admission_study.py                           # the label set's, about 2 minutes on one core
+    .venv/bin/python benchmarks/admission_study.py --workload azure-conv     # ../shared needed
 """
 
 from __future__ import annotations
@@ -41,16 +45,18 @@ BASELINE = ("sglang", "round-robin + fcfs")  # SGLang's default with SGLang's ad
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", choices=list(study.workloads()), default=study.LabelSetWorkload.name)
     parser.add_argument("--requests", type=int, default=6000)
-    parser.add_argument("--rates", type=float, nargs="+", default=list(study.LabelSetWorkload.rates_rps))
+    parser.add_argument("--rates", type=float, nargs="+", help="requests/s (default: the workload's own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=os.path.join(REPO, "benchmarks", "data", "admission-study"))
     args = parser.parse_args()
-    work = study.LabelSetWorkload()
+    work = study.workloads()[args.workload]()
+    rates = args.rates or list(work.rates_rps)
     rows = []
     for admission_name, admission in ADMISSIONS.items():
         cluster = dataclasses.replace(study.cluster_for(CLUSTER, KVAdmission.PREDICTED, KV_CAPACITY), kv_admission=admission)
-        for rate in args.rates:
+        for rate in rates:
             trace, cache = work.trace(rate, args.requests, args.seed), {}
             for label, routing, queue, predictor in RUNS:
                 started = time.perf_counter()
@@ -63,18 +69,29 @@ def main() -> None:
                 print(f"{admission_name:17s} {rate:4g} rps {label:48s} short P99 {rows[-1]['short_p99_s']:7.2f} s  "
                       f"retractions {rows[-1]['retractions']}", flush=True)
     os.makedirs(args.output, exist_ok=True)
-    result = {"command": "python benchmarks/admission_study.py " + " ".join(sys.argv[1:]), "cluster": CLUSTER,
-              "kv_capacity_tokens": KV_CAPACITY, "requests": args.requests, "seed": args.seed, "rows": rows}
-    write_text_atomic(os.path.join(args.output, "sharegpt-smollm2-colocated.json"), json.dumps(result, indent=1))
-    write_text_atomic(os.path.join(args.output, "report.md"), "\n".join(report(rows, args.rates)) + "\n")
+    result = {"command": "python benchmarks/admission_study.py " + " ".join(sys.argv[1:]), "workload": args.workload,
+              "cluster": CLUSTER, "kv_capacity_tokens": KV_CAPACITY, "requests": args.requests, "seed": args.seed,
+              "rates_rps": rates, "rows": rows}
+    write_text_atomic(result_path(args.output, args.workload), json.dumps(result, indent=1))
+    lines = []
+    for name in study.workloads():  # every workload written so far, in the serving study's order
+        if os.path.exists(result_path(args.output, name)):
+            with open(result_path(args.output, name)) as handle:
+                written = json.load(handle)
+            lines += report(name, written["rows"], sorted({row["rate_rps"] for row in written["rows"]}))
+    write_text_atomic(os.path.join(args.output, "report.md"), "\n".join(lines))
     print(f"wrote {args.output}")
 
 
-def report(rows, rates):
+def result_path(output: str, workload: str) -> str:
+    return os.path.join(output, f"{workload}-colocated.json")
+
+
+def report(workload, rows, rates):
     """short P99 / long P99 / throughput of every run as ratios to SGLang's default under SGLang's admission."""
     by = {(row["admission"], row["rate_rps"], row["run"]): row for row in rows}
-    lines = ["short P99 / long P99 / throughput as ratios to round robin + FCFS under SGLang's admission "
-             "(retractions in brackets)", "",
+    lines = [f"## {workload}", "", "short P99 / long P99 / throughput as ratios to round robin + FCFS under SGLang's "
+             "admission (retractions in brackets)", "",
              "| admission | run | " + " | ".join(f"{rate:g} rps" for rate in rates) + " |",
              "|---|---|" + "---:|" * len(rates)]
     for admission in ADMISSIONS:
@@ -89,7 +106,7 @@ def report(rows, rates):
     for key, name in (("short_p99_s", "baseline short P99 s"), ("long_p99_s", "baseline long P99 s"),
                       ("throughput_tok_s", "baseline tok/s")):
         lines.append(f"| {name} | " + " | ".join(f"{by[(BASELINE[0], rate, BASELINE[1])][key]:.1f}" for rate in rates) + " |")
-    return lines
+    return lines + [""]
 
 
 if __name__ == "__main__":
