@@ -51,8 +51,9 @@ def main() -> int:
                         help="`outlets eval` reports on the group split (baselines retrained there): their "
                              "predictors replace the recorded baselines, names suffixed with SUFFIX when given; "
                              "the recorded file then only supplies the drafts")
-    parser.add_argument("--drafts", default="outlets,sd-only,lp-only",
-                        help="with --fresh: the recorded predictors kept (the drafts, too costly to retrain here)")
+    parser.add_argument("--drafts", default="outlets,pia",
+                        help="with --fresh: the recorded predictors kept: the draft, too costly to retrain here, "
+                             "and PIA, which trains on nothing (the target asked), so its answers hold on any row")
     parser.add_argument("--output", help=f"report directory (default: {EVAL}, or {EVAL}/group-split with --fresh)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -123,6 +124,10 @@ def merge_fresh(recorded: List[Dict], fresh: List[Tuple[str, List[Dict]]], draft
     The same id must carry the same response in every file (length and censoring): the label set's
     seed-0 responses are reassigned, never regenerated, so a mismatch means a file of another label set.
     """
+    missing = [name for name in drafts if name not in recorded[0]["static"]]
+    if missing:
+        raise SystemExit(f"--drafts {','.join(drafts)}: the recorded file has no {', '.join(missing)} "
+                         f"(it holds {', '.join(recorded[0]['static'])})")
     merged = {r["id"]: {"id": r["id"], "true_output_len": r["true_output_len"], "censored": r["censored"],
                         "static": {n: r["static"][n] for n in drafts},
                         "dynamic": {n: r["dynamic"][n] for n in drafts if n in r["dynamic"]}} for r in recorded}
