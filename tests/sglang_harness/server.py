@@ -57,6 +57,9 @@ class SGLangServer(_Server):
             plugins.append(EAGLE3_CPU)
         super().__init__(model_path, [*HARNESS_ARGS, *args], env=env, log_path=log_path, python=python,
                          pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=REPO)
+        # The launcher starts from this process's environment, where an in-process parse of the
+        # plugin's flags (test_sglang_plugin.py) leaves OUTLETS_* settings: only the test's own count.
+        self.env = {key: value for key, value in self.env.items() if not key.startswith("OUTLETS_") or key in env}
 
 
 def completion_order(results: List[dict]) -> List[int]:
