@@ -31,6 +31,7 @@ from sharegpt_outlets import DRAFTS, PACKED, RECIPE
 
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.data.feature_subset import split_validation
+from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
                                                            stop_reason)
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
@@ -66,8 +67,7 @@ def write_curves(args: argparse.Namespace, curves: Dict[str, Any]) -> None:
 
 def split(args: argparse.Namespace) -> None:
     where = paths(args.run)
-    if os.path.exists(os.path.join(where["val"], "manifest.json")):
-        print(f"skip (exists): {where['val']}")
+    if written(os.path.join(where["val"], "manifest.json")):
         return
     split_validation(where["train"], where["fit"], where["val"], VALIDATION_SHARE, seed=0)
     print(f"validation split: {where['fit']} and {where['val']}")

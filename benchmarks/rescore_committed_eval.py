@@ -25,6 +25,9 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
+from sharegpt_outlets import NOISE_SEEDS
+
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.data.jsonl import iter_jsonl
 from specforge_outlets.data.label_set import read_packed
@@ -35,11 +38,8 @@ from specforge_outlets.evaluation.predictions_file import iter_record
 from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.requests import Request, Split
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
+PACKED = LABEL_SET
 EVAL = os.path.join(PACKED, "eval")
-PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
-NOISE_SEEDS = (1, 2, 3)
 
 
 def main() -> int:
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trained = {row["id"] for _, row in iter_jsonl(args.trained_on)}
-    prompts = {row["id"]: row["prompt"] for _, row in iter_jsonl(PROMPTS)}
+    prompts = {row["id"]: row["prompt"] for _, row in iter_jsonl(shared(SHAREGPT_PROMPTS, "the rescoring (prompt groups)"))}
     ids = sorted(prompts)
     groups = dict(zip(ids, (ids[g] for g in prompt_groups([prompts[i] for i in ids]))))
     seen_groups = {groups[i] for i in trained}

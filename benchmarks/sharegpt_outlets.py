@@ -1,6 +1,7 @@
 """OUTLETS on the 2,978 ShareGPT prompts: a real SmolLM2 label set, then capture, train, evaluate.
 
-Reads ../shared/data/prompts/sharegpt_first_turn_2978.jsonl (never copied into the repo). Stages,
+Reads the shared data's data/prompts/sharegpt_first_turn_2978.jsonl (``$OUTLETS_SHARED_DIR``, else
+../shared; never copied into the repo). Stages,
 each resumable and skipped when its output exists:
 
 1. ``prepare``: every prompt, split 4:1 by a fixed seed and by prompt group (twins and
@@ -30,25 +31,26 @@ import os
 import shutil
 import subprocess
 import sys
-import zlib
 from typing import List, Optional, Sequence
+
+from committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
 
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features
 from specforge_outlets.data.jsonl import iter_jsonl, recover_jsonl, write_jsonl
-from specforge_outlets.data.label_set import PACKED_SUFFIX, pack_label_set, read_packed, sample_noise_prompts, unpack_label_set
+from specforge_outlets.data.label_set import PACKED_SUFFIX, pack_label_set, read_packed, sample_noise_prompts, seeded_id_order, unpack_label_set
 from specforge_outlets.data.prepare_command import prompt_text
 from specforge_outlets.data.prompt_groups import check_split_groups
 from specforge_outlets.data.regenerate_command import side_paths
+from specforge_outlets.demo.stages import written
 from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
 from specforge_outlets.evaluation.report_file import read_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROMPTS = os.path.join(HERE, "..", "..", "shared", "data", "prompts", "sharegpt_first_turn_2978.jsonl")
 RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
-PACKED = os.path.join(HERE, "data", "sharegpt-smollm2")
+PACKED = LABEL_SET
 FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.png")
 CURVE_FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-learning-curve.png")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
@@ -64,8 +66,7 @@ DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0",), "lp-only"
 
 def step(done_marker: str, argv: Sequence[object]) -> None:
     """Run one ``outlets`` command unless its output already exists."""
-    if os.path.exists(done_marker):
-        print(f"skip (exists): {done_marker}")
+    if written(done_marker):
         return
     code = outlets([str(arg) for arg in argv])
     if code != 0:
@@ -110,7 +111,7 @@ def capture_input(regen: str, split: str, rows: Optional[int] = None) -> str:
         if rows:
             if rows > len(every):
                 raise SystemExit(f"--train-rows {rows}: the {split} split has {len(every)} responses")
-            chosen = set(sorted((str(row["id"]) for row in every), key=lambda i: zlib.crc32(f"0:{i}".encode()))[:rows])
+            chosen = set(sorted((str(row["id"]) for row in every), key=seeded_id_order)[:rows])
             every = [row for row in every if str(row["id"]) in chosen]
         write_jsonl(merged, every)
     return merged
@@ -118,8 +119,7 @@ def capture_input(regen: str, split: str, rows: Optional[int] = None) -> str:
 
 def capture(args: argparse.Namespace, regen: str, split: str, output: str, rows: Optional[int] = None) -> None:
     """``outlets capture`` of one split, ``--workers`` shards at once; resumed where an earlier run stopped."""
-    if os.path.exists(os.path.join(output, "manifest.json")):
-        print(f"skip (exists): {output}/manifest.json")
+    if written(os.path.join(output, "manifest.json")):
         return
     argv = [sys.executable, "-m", "specforge_outlets.cli", "capture", "--target", args.target,
             "--input", capture_input(regen, split, rows), "--output", output, "--split", split,
@@ -181,16 +181,14 @@ def run() -> int:
     parser.add_argument("--output", default="runs/bench-sharegpt")
     parser.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     args = parser.parse_args()
-    if not os.path.isfile(PROMPTS):
-        print(f"no ShareGPT prompts at {os.path.abspath(PROMPTS)}; nothing to benchmark", file=sys.stderr)
-        return 1
+    prompts = shared(SHAREGPT_PROMPTS, "the ShareGPT benchmark")
     out = os.path.abspath(args.output)
     data, regen, features = (os.path.join(out, name) for name in ("data", "regen", "features"))
     last = STAGES.index(args.until)
     if "outlets" not in args.drafts:
         parser.error("--drafts must include outlets")
 
-    prepare = ["prepare", "--dataset", "jsonl", "--path", os.path.abspath(PROMPTS), "--output", data]
+    prepare = ["prepare", "--dataset", "jsonl", "--path", os.path.abspath(prompts), "--output", data]
     if args.prompts:
         prepare += ["--max-samples", args.prompts, "--sample", "random"]
     step(os.path.join(data, "summary.json"), prepare)

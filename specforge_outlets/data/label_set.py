@@ -32,6 +32,12 @@ def prompt_checksum(questions: Sequence[str]) -> int:
     return zlib.crc32("\x1e".join(questions).encode("utf-8"))
 
 
+def seeded_id_order(row_id: str, seed: int = 0) -> int:
+    """A row's place in a seeded order of ids that does not depend on the file's order: taking the
+    first n of it gives nested subsets (a larger n holds a smaller one's rows)."""
+    return zlib.crc32(f"{seed}:{row_id}".encode())
+
+
 def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0, keep: Iterable[str] = ()) -> None:
     """``count`` test prompts (input order kept) for repeated sampling, the ``keep`` ids among them.
 
@@ -42,7 +48,7 @@ def sample_noise_prompts(test_path: str, output: str, count: int, seed: int = 0,
     if count > len(rows):
         raise OutletsError(f"--noise-prompts {count}: the test split has only {len(rows)} prompts")
     kept = set(keep)
-    order = sorted(rows, key=lambda row: (row["id"] not in kept, zlib.crc32(f"{seed}:{row['id']}".encode())))
+    order = sorted(rows, key=lambda row: (row["id"] not in kept, seeded_id_order(row["id"], seed)))
     chosen = {row["id"] for row in order[:count]}
     write_jsonl(output, [row for row in rows if row["id"] in chosen])
 
