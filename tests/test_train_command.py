@@ -200,9 +200,6 @@ def test_resume_keeps_the_length_head_state(tiny_target, tiny_features, tmp_path
 def test_a_killed_run_restarted_on_its_directory_ends_where_an_uninterrupted_run_ends(tiny_target, tiny_features,
                                                                                       tmp_path):
     """SIGKILL after the first checkpoint, restart with resume_overrides: the same final state as never stopping."""
-    import signal
-    import time
-
     from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
 
     def command(out):
@@ -218,15 +215,12 @@ def test_a_killed_run_restarted_on_its_directory_ends_where_an_uninterrupted_run
     straight.mkdir(), killed.mkdir()
     assert subprocess.run(command(straight), capture_output=True, timeout=900).returncode == 0
     assert resume_overrides(str(killed), "tiny") == []  # nothing to resume: a fresh start
-    process = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    deadline = time.time() + 600
-    while not complete_checkpoints(str(killed), "tiny") and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_hook = os.path.join(os.path.dirname(__file__), "kill_after_checkpoint")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [kill_hook, os.environ.get("PYTHONPATH")]))}
+    killed_run = subprocess.run(command(killed), capture_output=True, text=True, timeout=900, env=env)
+    assert killed_run.returncode != 0, "the run was not killed"
     done = complete_checkpoints(str(killed), "tiny")
-    assert done and max(done) < 6, done  # killed part-way
+    assert list(done) == [2], done  # killed right after the first checkpoint
     overrides = resume_overrides(str(killed), "tiny")
     assert overrides == [f"training.resume_from={killed}"]
     result = subprocess.run(command(killed) + overrides, capture_output=True, text=True, timeout=900)
