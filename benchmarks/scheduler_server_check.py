@@ -1,8 +1,9 @@
 """Scheduling-round time of a real SGLang server with a long queue, with and without ``--schedule-policy outlets`` (issue 16).
 
 ``benchmarks/scheduler_overhead.py`` times the plugin's functions in isolation; this checks the
-whole scheduler loop. A real CPU server (SGLang 0.5.23, the test suite's tiny random Llama, so that
-the model's forward is short and the scheduler's own work shows) gets one batch request of
+whole scheduler loop. A real CPU server (SGLang 0.5.23, the tiny random Llama of
+``specforge_outlets.model.tiny_chat_target``, so that the model's forward is short and the
+scheduler's own work shows) gets one batch request of
 ``--requests`` prompts at once, each generating one token, with ``--max-prefill-tokens`` so small
 that a round admits one to three prompts: the waiting queue starts near ``--requests`` and drains
 over thousands of rounds. Rounds are counted from the scheduler's log lines and timed by the
@@ -31,8 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402  (the tests' tiny random Llama)
 from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
-from tests.data_fixtures import make_chat_target  # noqa: E402  (the test suite's tiny random Llama)
 
 POLICIES: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],

@@ -31,7 +31,7 @@ def tiny_features(tiny_target, tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def chat_target(tmp_path_factory) -> str:
     """A tiny random Llama with the chat tokenizer (the SGLang server tests' target)."""
-    from tests.data_fixtures import make_chat_target
+    from specforge_outlets.model.tiny_chat_target import make_chat_target
 
     return make_chat_target(str(tmp_path_factory.mktemp("chat-target")))
 

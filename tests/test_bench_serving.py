@@ -295,7 +295,7 @@ def test_two_base_urls_alternate(tmp_path):
 
 
 def test_chat_template_prompts_are_sent_as_token_ids(tmp_path, stub):
-    from tests.data_fixtures import make_chat_tokenizer
+    from specforge_outlets.model.tiny_chat_target import make_chat_tokenizer
 
     tokenizer = make_chat_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tok")

@@ -12,7 +12,8 @@ from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FeatureFileError, load_features
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.errors import OutletsError
-from tests.data_fixtures import END_ID, make_chat_target, make_chat_tokenizer, run_command, write_jsonl
+from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_target, make_chat_tokenizer
+from tests.data_fixtures import run_command, write_jsonl
 
 
 def user(text):

@@ -10,7 +10,8 @@ from specforge_outlets.data.generation import (
 )
 from specforge_outlets.data.hf_backend import HFBackend
 from specforge_outlets.errors import OutletsError
-from tests.data_fixtures import END_ID, StubChatServer, make_chat_target, read_jsonl, run_command, write_jsonl
+from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_target
+from tests.data_fixtures import StubChatServer, read_jsonl, run_command, write_jsonl
 
 OPENAI = ["--backend", "openai", "--target", "stub", "--timeout", "1.5", "--max-retries", "2", "--backoff", "0.01",
           "--concurrency", "4", "--max-new-tokens", "50"]

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, LlamaConfi
 
 from specforge_outlets.data import targets
 from specforge_outlets.errors import OutletsError
-from tests.data_fixtures import END_ID, make_chat_tokenizer
+from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_tokenizer
 
 
 def test_end_of_turn_comes_from_the_template_not_the_gguf_eos():

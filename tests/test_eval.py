@@ -21,7 +21,8 @@ from specforge_outlets.evaluation import eval_command
 from specforge_outlets.evaluation.baselines.instruction import parse_estimate
 from specforge_outlets.evaluation.predictor import EvalContext, Prediction, check_predictions
 from specforge_outlets.evaluation.requests import load_split
-from tests.data_fixtures import make_chat_target, read_jsonl, run_command, write_jsonl
+from specforge_outlets.model.tiny_chat_target import make_chat_target
+from tests.data_fixtures import read_jsonl, run_command, write_jsonl
 
 TOPICS = ["France", "colours", "water", "numbers", "Python", "the dog", "the fox", "hello world"]
 TEST_TOPICS = ["Spain", "shapes", "fire", "letters", "Rust", "cats", "birds", "goodbye"]  # no twin of a train prompt

@@ -7,7 +7,8 @@ import pytest
 
 from specforge_outlets.data.label_set import pack_label_set, read_packed, sample_noise_prompts, unpack_label_set
 from specforge_outlets.errors import OutletsError
-from tests.data_fixtures import END_ID, make_chat_target, read_jsonl, write_jsonl
+from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_target
+from tests.data_fixtures import read_jsonl, write_jsonl
 
 
 @pytest.fixture(scope="module")

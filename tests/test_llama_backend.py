@@ -16,7 +16,8 @@ from specforge_outlets.data.llama_backend import (
     request_seed,
 )
 from specforge_outlets.errors import OutletsError
-from tests.data_fixtures import END_ID, make_chat_tokenizer, read_jsonl, run_command, write_jsonl
+from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_tokenizer
+from tests.data_fixtures import read_jsonl, run_command, write_jsonl
 
 SETTINGS = SamplingSettings(max_new_tokens=24, temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=0)
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.data_fixtures import make_chat_target  # noqa: E402
+from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402
 from tests.sglang_harness.server import omp_bind_groups, start_server  # noqa: E402
 
 PROMPT = "hello world the quick brown fox"
