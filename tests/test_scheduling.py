@@ -13,6 +13,7 @@ from specforge_outlets.scheduling import (
     FCFSRequestQueue,
     LeastPredictedWorkRouter,
     LeastRequestsRouter,
+    PowerOfTwoRouter,
     QueuePolicy,
     RankLoad,
     RoundRobinRouter,
@@ -311,6 +312,43 @@ def test_least_predicted_work_picks_least_work_then_fewest_requests():
     short_rank = rank_load([(60.0, 10)] * 5, 256)
     assert router.select([long_rank, short_rank]) == 1
     assert least_predicted_work_rank([RankLoad(4, 10.0), RankLoad(2, 10.0), RankLoad(2, 10.0)]) == 1
+
+
+def shares_chosen(router, loads, draws=6000):
+    """The share of ``draws`` selections that went to each rank."""
+    counts = [0] * len(loads)
+    for _ in range(draws):
+        counts[router.select(loads)] += 1
+    return [count / draws for count in counts]
+
+
+def test_power_of_two_picks_the_less_loaded_of_two_distinct_ranks():
+    router = create_router(RoutingPolicy.POWER_OF_TWO, seed=0)
+    assert isinstance(router, PowerOfTwoRouter) and router.needs_predicted_work and router.polls_loads
+    # Three ranks, distinct loads: the pair holds the least loaded in 2 of its 3 equally likely draws,
+    # and the most loaded is never the lesser of two distinct ranks (independent draws: 1/9).
+    shares = shares_chosen(router, [RankLoad(1, 30.0), RankLoad(1, 10.0), RankLoad(1, 20.0)])
+    assert shares[0] == 0.0
+    assert shares[1] == pytest.approx(2 / 3, abs=0.02) and shares[2] == pytest.approx(1 / 3, abs=0.02)
+    # Loads equal as the integer num_tokens the router compares: the first drawn, uniform over the ranks.
+    tied = shares_chosen(router, [RankLoad(5, 10.2), RankLoad(1, 10.4), RankLoad(0, 9.6)])
+    assert tied == pytest.approx([1 / 3] * 3, abs=0.02)
+    assert create_router(RoutingPolicy.POWER_OF_TWO).select([RankLoad(3, 1e6)]) == 0
+
+
+def test_power_of_two_on_two_ranks_is_the_exact_argmin():
+    router, draw = create_router(RoutingPolicy.POWER_OF_TWO, seed=1), random.Random(2)
+    for _ in range(500):
+        work = draw.sample(range(10_000), 2)
+        loads = [RankLoad(draw.randrange(10), float(w)) for w in work]
+        assert router.select(loads) == least_predicted_work_rank(loads)
+
+
+def test_power_of_two_draws_are_reproducible_with_a_seed():
+    loads = [RankLoad(0, float(work)) for work in (40, 10, 30, 20, 50)]
+    runs = [[router.select(loads) for _ in range(200)]
+            for router in (create_router(RoutingPolicy.POWER_OF_TWO, seed) for seed in (7, 7, 8))]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
 def test_factories_reject_unknown_policies():

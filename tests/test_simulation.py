@@ -42,10 +42,15 @@ def pd_cluster(**overrides):
     return cluster_config_from_dict(values, "test")
 
 
-def simulate(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0, **scheduling):
+def simulation(trace, cluster, routing="round-robin", queue="fcfs", predictions=None, aging=10.0, seed=0,
+               **scheduling):
     predictions = trace.output_lens.astype(float).tolist() if predictions is None else predictions
     policy = Policy(routing_policy(routing), queue_policy(queue))
-    return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging, **scheduling)).run()
+    return Simulation(trace, predictions, cluster, policy, SchedulingConfig(256, aging, **scheduling), seed=seed)
+
+
+def simulate(*args, **kwargs):
+    return simulation(*args, **kwargs).run()
 
 
 # A long request, then a medium and a short one that both wait behind it on one decode slot.
@@ -224,6 +229,56 @@ def test_least_predicted_work_routing_avoids_the_rank_with_a_long_request(unit_s
     least_work = simulate(trace, cluster, routing="least-predicted-work")
     assert round_robin.finish_times.tolist() == pytest.approx([101.0, 4.0, 103.0])
     assert least_work.finish_times.tolist() == pytest.approx([101.0, 4.0, 6.0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_power_of_two_with_fresh_loads_on_two_ranks_avoids_the_long_request_as_least_work_does(unit_steps, seed):
+    # The same timeline as least-predicted-work's above whatever the draws: A takes either idle rank,
+    # B the other (0 against 100 tokens), C B's (1 against 99).
+    trace = make_trace([(0.0, 10, 101), (1.0, 10, 3), (2.0, 10, 3)])
+    cluster = pd_cluster(decode_instances=2, max_running_requests=1, load_poll_interval_s=0)
+    result = simulate(trace, cluster, routing="power-of-two", seed=seed)
+    assert result.finish_times.tolist() == pytest.approx([101.0, 4.0, 6.0])
+
+
+def routing_decisions(sim):
+    """Record (loads seen, rank chosen) of every routing decision of a simulation."""
+    decisions, select = [], sim.router.select
+    sim.router.select = lambda loads: decisions.append((list(loads), select(loads))) or decisions[-1][1]
+    return decisions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_power_of_two_routes_a_burst_within_one_poll_by_the_polled_loads(unit_steps, seed):
+    # Colocated, polls at 0, 5, 10 s. A (1,000 tokens) takes a rank at 0 s; the poll at 5 s sees it
+    # there and the other rank idle, so the whole burst at 5.5-5.8 s (600 tokens each) goes to the
+    # idle rank: the requests sent since the poll are not counted. D at 10.5 s reads the poll at
+    # 10 s, which counts the burst, and goes to A's rank. With fresh loads the burst spreads.
+    rows = [(0.0, 10, 1000)] + [(5.5 + 0.1 * i, 10, 600) for i in range(4)] + [(10.5, 10, 5)]
+    values = {"mode": "colocated", "instances": 2, "max_new_tokens": 1, "kv_capacity_tokens": 10_000,
+              "predict_at": "arrival"}
+    stale = simulation(make_trace(rows), cluster_config_from_dict({**values, "load_poll_interval_s": 5.0}, "test"),
+                       routing="power-of-two", seed=seed)
+    decisions = routing_decisions(stale)
+    stale.run()
+    a_rank, burst, late = decisions[0][1], decisions[1:5], decisions[5]
+    assert all(loads == burst[0][0] for loads, _ in burst) and burst[0][0][a_rank].predicted_work > 900
+    assert {rank for _, rank in burst} == {1 - a_rank} and late[1] == a_rank
+    assert late[0][1 - a_rank].num_requests == 4  # the poll at 10 s counts the burst
+    fresh = simulation(make_trace(rows), cluster_config_from_dict({**values, "load_poll_interval_s": 0}, "test"),
+                       routing="power-of-two", seed=seed)
+    decisions = routing_decisions(fresh)
+    fresh.run()
+    assert {rank for _, rank in decisions[1:5]} == {0, 1}
+
+
+def test_power_of_two_runs_are_reproducible_with_a_seed():
+    lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
+    trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
+    cluster = cluster_config_from_dict({"decode_instances": 3, "max_running_requests": 16,
+                                        "kv_capacity_tokens": 40_000}, "test")
+    runs = [simulate(trace, cluster, "power-of-two", "sjf", seed=seed).finish_times for seed in (3, 3, 4)]
+    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
 
 
 def test_colocated_chunked_prefill_then_decode(unit_steps):
@@ -456,7 +511,8 @@ def test_file_dynamic_needs_a_trajectory_for_every_trace_request(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
-@pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens"])
+@pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens",
+                                     "power-of-two"])
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"])
 @pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
@@ -647,8 +703,8 @@ def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit
     by_requests = simulate(trace, cluster, routing="least-requests")  # 1 request each: C to instance 0, behind A
     # behind B on instance 1: its step after B's (1.1-2.1 s); behind A's three prompt chunks on instance 0: 3 s
     assert by_tokens.first_token_times[2] == pytest.approx(2.1) and by_requests.first_token_times[2] == pytest.approx(3.0)
-    with pytest.raises(ValueError, match="unknown routing 'power-of-two'"):
-        routing_policy("power-of-two")
+    with pytest.raises(ValueError, match="unknown routing 'cache-aware'"):
+        routing_policy("cache-aware")
 
 
 def test_bad_jsonl_trace_names_the_line(tmp_path):
@@ -674,6 +730,8 @@ def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
     ("memory_fraction: 0.1\n", "does not fit on H100-SXM"),
     ("kv_admission: guess\n", "kv_admission must be one of max-new-tokens, predicted"),
     ("kv_prediction_margin: -0.1\n", "kv_prediction_margin must be a non-negative number"),
+    ("load_poll_interval_s: -1\n", "load_poll_interval_s must be a non-negative number, got -1"),
+    ("load_poll_interval_s: often\n", "load_poll_interval_s must be a non-negative number, got 'often'"),
 ])
 def test_bad_cluster_configs_name_the_field(tmp_path, text, message):
     with pytest.raises(OutletsError, match=message):
@@ -743,6 +801,23 @@ def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
     assert math.isfinite(run["short"]["e2e_p99_s"]) and run["all"]["throughput_tok_s"] > 0
     assert "Controlled study" in (out / "summary.md").read_text()
     assert (out / "policies.png").stat().st_size > 0 and (out / "controlled_study.png").stat().st_size > 0
+
+
+def test_simulate_command_runs_power_of_two_with_its_seed_and_poll_interval(tmp_path, capsys):
+    lines = "".join(f'{{"timestamp": {i * 0.05}, "input_length": {100 + i % 7 * 300}, "output_length": {5 + i * 37 % 1200}}}\n'
+                    for i in range(300))
+    trace = write(tmp_path, "trace.jsonl", lines)
+    config = write(tmp_path, "c.yaml", "decode_instances: 3\nload_poll_interval_s: 2.5\n")
+    summaries = []
+    for run in ("a", "b"):
+        code = main(["simulate", "--trace", trace, "--config", config, "--output", str(tmp_path / run), "--routing",
+                     "power-of-two", "--queue", "fcfs", "--study-routing", "power-of-two", "--seed", "5"])
+        assert code == 0
+        summaries.append(json.loads((tmp_path / run / "summary.json").read_text()))
+    assert summaries[0]["cluster"]["load_poll_interval_s"] == 2.5 and summaries[0]["seed"] == 5
+    assert {run["routing"] for run in summaries[0]["runs"]} == {"power-of-two"}
+    metrics = [[run["metrics"] for run in summary["runs"]] for summary in summaries]
+    assert metrics[0] == metrics[1]
 
 
 def test_simulate_command_reports_bad_input_without_traceback(tmp_path, capsys):

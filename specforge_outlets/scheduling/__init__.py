@@ -34,8 +34,10 @@ from specforge_outlets.scheduling.request_queue import (
     create_request_queue,
 )
 from specforge_outlets.scheduling.routing import (
+    DEFAULT_LOAD_POLL_INTERVAL_S,
     LeastPredictedWorkRouter,
     LeastRequestsRouter,
+    PowerOfTwoRouter,
     RankLoad,
     RoundRobinRouter,
     Router,
@@ -73,8 +75,10 @@ __all__ = [
     "TailSafeRequestQueue",
     "admission_order",
     "create_request_queue",
+    "DEFAULT_LOAD_POLL_INTERVAL_S",
     "LeastPredictedWorkRouter",
     "LeastRequestsRouter",
+    "PowerOfTwoRouter",
     "RankLoad",
     "RoundRobinRouter",
     "Router",

@@ -4,16 +4,27 @@ Shaped like the queue module: a policy enum, an abstract router, one small class
 factory. The least-predicted-work choice is the pure function :func:`least_predicted_work_rank`
 over :class:`RankLoad` values built by :func:`rank_load`; the SGLang plugin builds them from its
 load snapshots, the simulator from its instances.
+
+``power-of-two`` is sglang-router's ``power_of_two``, which the external router runs in front of PD
+decode instances (docs/serving.md step 7); the plugin serves only least-predicted-work
+(``--load-balance-method outlets``), and the simulator runs power-of-two to measure what the router
+gives up against it.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import predicted_remaining
+
+# Seconds between sglang-router's polls of every worker's GET /get_load (its LoadMonitor, interval
+# --worker-startup-check-interval): 1 s is the least it accepts (its default is 30 s) and what
+# docs/serving.md step 7 sets. A router that polls (Router.polls_loads) sees loads this stale.
+DEFAULT_LOAD_POLL_INTERVAL_S = 1.0
 
 
 class RoutingPolicy(Enum):
@@ -22,6 +33,7 @@ class RoutingPolicy(Enum):
     ROUND_ROBIN = "round-robin"
     LEAST_REQUESTS = "least-requests"
     LEAST_PREDICTED_WORK = "least-predicted-work"
+    POWER_OF_TWO = "power-of-two"  # sglang-router's power_of_two, simulated (the plugin does not route by it)
 
 
 class RankLoad(NamedTuple):
@@ -63,6 +75,9 @@ class Router(ABC):
     # Whether select() reads predicted_work / num_tokens; routers that do not are spared computing them.
     needs_predicted_work = False
     needs_tokens = False
+    # Whether its loads come from a poll every load-poll interval (sglang-router's LoadMonitor) rather
+    # than from the ranks at dispatch: the simulator then hands it the last poll's.
+    polls_loads = False
 
     @abstractmethod
     def select(self, loads: Sequence[RankLoad]) -> int:
@@ -95,12 +110,41 @@ class LeastPredictedWorkRouter(Router):
         return least_predicted_work_rank(loads)
 
 
-def create_router(policy: RoutingPolicy) -> Router:
-    """Create the router for a policy."""
+class PowerOfTwoRouter(Router):
+    """sglang-router 0.3.2's power_of_two: the less loaded of two distinct ranks drawn at random.
+
+    As its ``src/policies/power_of_two.rs``: the first rank uniformly, the second uniformly among the
+    others (the first plus 1 + a uniform draw from ``n - 1``, modulo ``n``), and the second only if
+    its load is strictly lower, so ties go to the first drawn. The load is the integer ``num_tokens``
+    that ``GET /get_load`` reports, which the plugin sets to the rank's predicted remaining output
+    tokens rounded (``sglang_patches/load_endpoint.py``): ``predicted_work`` here. The loads are what
+    the router's last poll read (``polls_loads``): nothing is added for requests it sent since. The
+    draws come from a generator seeded here, so that a simulated run can be repeated.
+    """
+
+    needs_predicted_work = True
+    polls_loads = True
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def select(self, loads: Sequence[RankLoad]) -> int:
+        count = len(loads)
+        if count == 1:
+            return 0
+        first = self._rng.randrange(count)
+        second = (first + 1 + self._rng.randrange(count - 1)) % count
+        return second if round(loads[second].predicted_work) < round(loads[first].predicted_work) else first
+
+
+def create_router(policy: RoutingPolicy, seed: int = 0) -> Router:
+    """Create the router for a policy (``seed``: power-of-two's random draws)."""
     if policy is RoutingPolicy.ROUND_ROBIN:
         return RoundRobinRouter()
     if policy is RoutingPolicy.LEAST_REQUESTS:
         return LeastRequestsRouter()
     if policy is RoutingPolicy.LEAST_PREDICTED_WORK:
         return LeastPredictedWorkRouter()
+    if policy is RoutingPolicy.POWER_OF_TWO:
+        return PowerOfTwoRouter(seed)
     raise ValueError(f"unknown routing policy: {policy!r}")

@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import DEFAULT_KV_MARGIN
+from specforge_outlets.scheduling import DEFAULT_KV_MARGIN, DEFAULT_LOAD_POLL_INTERVAL_S
 from specforge_outlets.simulation.hardware import (
     DEFAULT_BANDWIDTH_EFFICIENCY,
     DEFAULT_MEMORY_FRACTION,
@@ -81,6 +81,9 @@ class ClusterConfig:
     predict_at: PredictionPoint = PredictionPoint.PREFILL
     kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
     kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
+    # power-of-two routing: seconds between the router's polls of every instance's load (sglang-router's
+    # LoadMonitor); 0: the router reads the loads at every dispatch, as the other routers do
+    load_poll_interval_s: float = DEFAULT_LOAD_POLL_INTERVAL_S
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     prefill_mfu: float = DEFAULT_PREFILL_MFU
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
@@ -108,7 +111,8 @@ _POSITIVE_INT_FIELDS = (
     "max_prefill_tokens", "chunked_prefill_size",
 )
 _POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu")
-_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin")
+_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin",
+                              "load_poll_interval_s")
 
 
 def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConfig:

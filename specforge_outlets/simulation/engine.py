@@ -7,8 +7,10 @@ that finishes; its length comes in closed form from the step-time model
 arriving at a busy instance with room for it cuts the segment at the end of the step in progress,
 as continuous batching admits new requests between steps. Each request causes a bounded number of
 events (arrival, prefill, transfer, admission cut, finish), so a run costs
-O(events * log(events)) plus, for least-predicted-work routing only, one pass over the running
-requests of every candidate instance per routing decision.
+O(events * log(events)) plus, for least-predicted-work and power-of-two routing only, one pass over
+the running requests of every candidate instance per routing decision, or per load poll for a
+router that polls (power-of-two with ``load_poll_interval_s`` > 0: one event per interval while the
+cluster has work, as sglang-router's ``LoadMonitor``; its routing decisions read the last poll's).
 
 Queues and routing come from :mod:`specforge_outlets.scheduling`, the code the SGLang plugin uses.
 """
@@ -542,13 +544,19 @@ class Simulation:
         policy: Policy,
         scheduling: SchedulingConfig,
         trajectories: Optional[Sequence[Optional[np.ndarray]]] = None,
+        seed: int = 0,
     ) -> None:
-        """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static."""
+        """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static.
+        ``seed``: the router's random draws (power-of-two)."""
         check_fits(trace, cluster)
         self.cluster, self.policy, self.scheduling = cluster, policy, scheduling
         self.dynamic = trajectories is not None
         self.model = cluster.step_time_model()
-        self.router = create_peer_or_router(policy.routing)
+        self.router = create_peer_or_router(policy.routing, seed)
+        # a polling router reads the loads of the last poll (_poll_loads), the others the ranks' at dispatch
+        self.polls_loads = self.router.polls_loads and cluster.load_poll_interval_s > 0
+        self.polled_loads: List[RankLoad] = []
+        self.arrived = 0
         trajectories = trajectories if trajectories is not None else [None] * len(trace)
         self.requests = [
             SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
@@ -566,6 +574,8 @@ class Simulation:
             self.prefill = []
             self.engines = [EngineInstance(self, cluster.chunked_prefill_size, rank) for rank in range(cluster.instances)]
         self.token_gaps = TokenGapLog(len(self.engines))
+        if self.polls_loads and self.requests:  # the first poll just before the first arrival
+            self.schedule(self.requests[0].arrival_time, self._poll_loads, None)
 
     def schedule(self, time: float, callback: Callable[[float, object], None], argument: object) -> None:
         heapq.heappush(self._events, (time, next(self._sequence), callback, argument))
@@ -598,6 +608,7 @@ class Simulation:
 
     # --- request life cycle ---------------------------------------------------------------------
     def _arrive(self, now: float, request: SimRequest) -> None:
+        self.arrived += 1
         if self.cluster.predict_at is PredictionPoint.ARRIVAL:
             request.predicted_output_len = request.prediction
         if self.prefill:
@@ -607,10 +618,20 @@ class Simulation:
             self._route(now, request).enqueue(now, request)
 
     def _route(self, now: float, request: SimRequest) -> EngineInstance:
-        with_work, with_tokens = self.router.needs_predicted_work, self.router.needs_tokens
-        engine = self.engines[self.router.select([engine.load(now, with_work, with_tokens) for engine in self.engines])]
+        engine = self.engines[self.router.select(self.polled_loads if self.polls_loads else self._loads(now))]
         engine.add_incoming(request)
         return engine
+
+    def _loads(self, now: float) -> List[RankLoad]:
+        """Every engine's load now, with what the router reads."""
+        return [engine.load(now, self.router.needs_predicted_work, self.router.needs_tokens) for engine in self.engines]
+
+    def _poll_loads(self, now: float, _: None) -> None:
+        """sglang-router's LoadMonitor: read every engine's load, then again one interval later while
+        anything is left to happen (an event pending or a request yet to arrive)."""
+        self.polled_loads = self._loads(now)
+        if self._events or self.arrived < len(self.requests):
+            self.schedule(now + self.cluster.load_poll_interval_s, self._poll_loads, None)
 
     def first_token(self, now: float, request: SimRequest) -> None:
         request.first_token_time = request.last_token_time = now

@@ -204,8 +204,8 @@ def create_queue(policy: AnyQueuePolicy, config: SchedulingConfig, max_new_token
     return create_request_queue(policy, config)
 
 
-def create_peer_or_router(policy: AnyRoutingPolicy) -> Router:
-    """The simulated router of a cluster."""
+def create_peer_or_router(policy: AnyRoutingPolicy, seed: int = 0) -> Router:
+    """The simulated router of a cluster (``seed``: power-of-two's random draws)."""
     if policy is PeerRoutingPolicy.TOTAL_TOKENS:
         return TotalTokensRouter()
-    return create_router(policy)
+    return create_router(policy, seed)

@@ -34,8 +34,10 @@ def register(subparsers) -> None:
     parser.add_argument("--rate-scale", type=float, nargs="+", default=[1.0],
                         help="arrival-rate multipliers to sweep (default 1)")
     parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
-                        choices=["round-robin", "least-requests", "least-predicted-work", "total-tokens"],
-                        help="routing: the plugin's, and SGLang's total-tokens balancing for comparison")
+                        choices=["round-robin", "least-requests", "least-predicted-work", "total-tokens", "power-of-two"],
+                        help="routing: the plugin's, and for comparison SGLang's total-tokens balancing and "
+                             "sglang-router's power-of-two (two random instances, loads polled every "
+                             "load_poll_interval_s of --config, draws seeded by --seed)")
     parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
                         choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"],
                         help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first, lof and hrrn "
@@ -53,7 +55,7 @@ def register(subparsers) -> None:
     parser.add_argument("--no-controlled-study", action="store_true",
                         help="skip the SJF-fixed, predictor-varied study")
     parser.add_argument("--study-routing", default="least-predicted-work",
-                        choices=["round-robin", "least-requests", "least-predicted-work"],
+                        choices=["round-robin", "least-requests", "least-predicted-work", "power-of-two"],
                         help="routing of the controlled study (default least-predicted-work)")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",

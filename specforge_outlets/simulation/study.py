@@ -82,7 +82,7 @@ def run_study(
         for study, policy, predictor in runs:
             started = time.perf_counter()
             result = Simulation(scaled, predictions[predictor], cluster, policy, scheduling,
-                                trajectories[predictor]).run()
+                                trajectories[predictor], plan.seed).run()
             wall_s = time.perf_counter() - started
             metrics = summarize(result, plan.short_threshold, plan.slo)
             rows.append({
