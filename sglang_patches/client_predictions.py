@@ -1,60 +1,99 @@
-"""A client's prediction in ``custom_labels``, the field of ``/generate`` that ``sglang-router`` keeps.
+"""A client's per-request settings: carried in ``custom_labels`` through sglang-router, and the prediction checked.
 
 sglang-router 0.3.2 re-serialises a ``/generate`` body through its own request type, which has no
 ``custom_params`` (neither in ``sampling_params`` nor at the top level): a prediction there never
 reaches the workers behind the router. ``custom_labels`` (a string-to-string map SGLang uses for
-metrics labels) is kept, on the prefill and the decode instance alike. So a request may carry its
-prediction as ``"custom_labels": {"outlets_predicted_output_len": "120"}`` (a string: the router's
-type for the map's values); this hook moves it into ``sampling_params.custom_params``, where every
-reader of the plugin looks (``predictions.external_prediction``), and out of the labels (SGLang's
-metrics refuse label names they do not know). A prediction already in ``custom_params`` wins. The
-value is checked where ``custom_params`` is: a bad one falls back to the prior, logged with the
-request's id.
+metrics labels) is kept, on the prefill and the decode instance alike, and so is
+``custom_logit_processor``. So a request may carry its prediction as
+``"custom_labels": {"outlets_predicted_output_len": "120"}`` (a string: the router's type for the
+map's values), and ``outlets bench-serving --through-router`` its end-at-length settings the same
+way; this hook moves each ``LABEL_PARAMS`` key into ``sampling_params.custom_params``, where the
+plugin and the benchmark's logit processor read them, and out of the labels (with
+``--enable-metrics`` SGLang's histograms raise on a label name they were not created with, and the
+tokenizer process dies). The move happens in any server the plugin is installed in, whatever its
+policy: a baseline server behind the same router must end requests where the benchmark says too.
+A value already in ``custom_params`` wins.
+
+Under an OUTLETS policy a prediction that is not a positive number of tokens is refused with the
+request's id (HTTP 400, or an error event on a stream), wherever it came from: a bad value is a
+client bug that would otherwise hide behind the prior.
 
 ``/v1/completions`` keeps a top-level ``custom_params`` through the router and needs none of this.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict
+
 from sglang_patches import state
-from sglang_patches.settings import CUSTOM_PARAM_KEY
+from sglang_patches.settings import CUSTOM_PARAM_KEY, parse_prediction
+from specforge_outlets.benchmarking.end_at_length import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
+
+# custom_labels keys moved into custom_params, each with how its string becomes the value read there
+# (the prediction stays as sent: it is parsed, and refused if bad, where every prediction is)
+LABEL_PARAMS: Dict[str, Callable[[str], Any]] = {CUSTOM_PARAM_KEY: str, OUTPUT_LEN_PARAM: int, STOP_TOKEN_PARAM: int}
 
 
-def _with_prediction(sampling_params, value):
-    """``sampling_params`` (a request's dict, or None) with ``value`` in its custom_params unless one is there."""
+def _with_params(sampling_params, moved: Dict[str, Any]):
+    """``sampling_params`` (a request's dict, or None) with the ``moved`` entries its custom_params lacks."""
     params = dict(sampling_params or {})
     custom = params.get("custom_params")
-    if isinstance(custom, dict) and CUSTOM_PARAM_KEY in custom:
-        return sampling_params
-    params["custom_params"] = {**(custom if isinstance(custom, dict) else {}), CUSTOM_PARAM_KEY: value}
+    custom = custom if isinstance(custom, dict) else {}
+    params["custom_params"] = {**moved, **custom}
     return params
 
 
-def copy_label_to_custom_params(obj) -> None:
-    """Move ``custom_labels[outlets_predicted_output_len]`` of a ``GenerateReqInput`` into its sampling params."""
+def move_labels_to_custom_params(obj) -> None:
+    """Move the ``LABEL_PARAMS`` entries of a ``GenerateReqInput``'s custom_labels into its sampling params."""
     labels = getattr(obj, "custom_labels", None)
-    if not isinstance(labels, dict) or CUSTOM_PARAM_KEY not in labels:
+    if not isinstance(labels, dict) or not LABEL_PARAMS.keys() & labels.keys():
         return
-    value = labels[CUSTOM_PARAM_KEY]
-    # Out of the labels: with --enable-metrics SGLang passes every label to its Prometheus histograms,
-    # which raise on a label name they were not created with, and the tokenizer process dies.
-    obj.custom_labels = {key: label for key, label in labels.items() if key != CUSTOM_PARAM_KEY} or None
+    moved = {}
+    for key, convert in LABEL_PARAMS.items():
+        if key in labels:
+            try:
+                moved[key] = convert(labels[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"custom_labels[{key!r}] = {labels[key]!r} is not an integer; send the number as a "
+                                 "string of digits") from None
+    obj.custom_labels = {key: label for key, label in labels.items() if key not in LABEL_PARAMS} or None
     sampling = getattr(obj, "sampling_params", None)
-    if isinstance(sampling, list):  # a batch: the label is the batch's, each item without its own gets it
-        obj.sampling_params = [_with_prediction(item, value) for item in sampling]
+    if isinstance(sampling, list):  # a batch: the labels are the batch's, each item keeps its own values
+        obj.sampling_params = [_with_params(item, moved) for item in sampling]
     elif sampling is None or isinstance(sampling, dict):
-        obj.sampling_params = _with_prediction(sampling, value)
+        obj.sampling_params = _with_params(sampling, moved)
 
 
-def normalize_before(self, *args, **kwargs):
+def refuse_bad_prediction(obj) -> None:
+    """ValueError naming the request when a normalised ``GenerateReqInput`` carries an unusable prediction."""
+    items = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params]
+    rids = obj.rid if isinstance(obj.rid, list) else [obj.rid] * len(items)
+    for rid, sampling in zip(rids, items):
+        custom = sampling.get("custom_params") if isinstance(sampling, dict) else None
+        if not isinstance(custom, dict) or CUSTOM_PARAM_KEY not in custom:
+            continue
+        value = custom[CUSTOM_PARAM_KEY]
+        try:
+            usable = parse_prediction(value) > 0
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
+            raise ValueError(f"request {rid}: {CUSTOM_PARAM_KEY} = {value!r} is not a positive number of tokens; "
+                             "send the predicted output length (> 0), or leave it out for the server's predictor")
+
+
+def normalize_around(original, self, *args, **kwargs):
+    """Labels into custom_params before SGLang normalises the request; the prediction checked after (rids known)."""
+    move_labels_to_custom_params(self)
+    result = original(self, *args, **kwargs)
     if state.plugin_active():
-        copy_label_to_custom_params(self)
-    return None
+        refuse_bad_prediction(self)
+    return result
 
 
 _GENERATE_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
 
 HOOK_TARGETS = [
-    (f"{_GENERATE_INPUT}.normalize_batch_and_arguments", normalize_before, "BEFORE",
+    (f"{_GENERATE_INPUT}.normalize_batch_and_arguments", normalize_around, "AROUND",
      {state.ORDERING, state.ROUTING, state.PREDICTOR}),
 ]

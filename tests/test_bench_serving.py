@@ -447,6 +447,24 @@ def test_end_at_output_len_keeps_the_cap_and_asks_the_server_to_end_each_request
     assert code == 2 and "choose one" in capsys.readouterr().err
 
 
+def test_through_router_sends_the_request_settings_in_custom_labels(tmp_path, stub, capsys):
+    """sglang-router 0.3.2 drops custom_params on /generate and keeps custom_labels and custom_logit_processor."""
+    rows = [{"id": "a", "prompt": "qa len=9", "output_length": 3}]
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--end-at-output-len", "2", "--max-new-tokens", "8", "--oracle-prediction",
+                             "--through-router")
+    assert code == 0 and summary["through_router"] is True
+    [(_, body)] = stub.received
+    assert body["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.7}
+    assert body["custom_labels"] == {"outlets_predicted_output_len": "3.0", "outlets_end_at_output_len": "3",
+                                     "outlets_end_token_id": "2"}
+    assert "custom_logit_processor" in body
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                       "--max-new-tokens", "8", "--through-router", name="plain")
+    assert code == 0 and "custom_labels" not in stub.received[-1][1]
+
+
 def test_end_at_output_len_processor_forbids_the_stop_token_before_the_length_and_forces_it_at_it():
     import torch
 

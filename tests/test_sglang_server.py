@@ -73,13 +73,18 @@ class TestOutletsPolicy:
         response = server.generate(PROMPT, max_new_tokens=2)
         assert "predicted_output_len" not in response["meta_info"]
 
-    def test_failed_prediction_falls_back_to_the_prior_and_keeps_serving(self, server):
-        for bad in ("not-a-number", "nan", -5):
-            response = server.generate(PROMPT, max_new_tokens=2, predicted=bad)
-            assert response["meta_info"]["completion_tokens"] == 2
-            assert response["meta_info"]["predicted_output_len"] == PRIOR
-        counts = [int(n) for n in re.findall(r"OUTLETS prediction failed .*failures so far: (\d+)", server.log_text())]
-        assert len(counts) >= 3 and counts[-3:] == [counts[-3], counts[-3] + 1, counts[-3] + 2], counts
+    def test_a_bad_prediction_is_refused_naming_the_request_and_serving_goes_on(self, server):
+        for index, bad in enumerate(("not-a-number", "nan", -5, 0)):
+            body = {"text": PROMPT, "rid": f"bad-{index}",
+                    "sampling_params": {"max_new_tokens": 2, "custom_params": {"outlets_predicted_output_len": bad}}}
+            with pytest.raises(urllib.error.HTTPError) as error:
+                server.post("/generate", body)
+            message = error.value.read().decode()
+            assert error.value.code == 400 and f"request bad-{index}: outlets_predicted_output_len" in message, message
+            assert "is not a positive number of tokens" in message
+        stream = server.stream({"text": PROMPT, "rid": "bad-stream", "custom_labels": {"outlets_predicted_output_len": "-1"},
+                                "sampling_params": {"max_new_tokens": 2}})
+        assert "request bad-stream: " in stream[-1]["error"]["message"], stream
         # and ordinary requests are still served afterwards
         assert server.generate(PROMPT, max_new_tokens=2, predicted=7)["meta_info"]["predicted_output_len"] == 7.0
 

@@ -66,6 +66,11 @@ def register(subparsers) -> None:
                              "prediction (custom_params.outlets_predicted_output_len), the oracle upper bound")
     parser.add_argument("--predictions", help="--dataset: JSONL of id, predicted_output_len (e.g. outlets eval's "
                                               "predictions/outlets.jsonl) sent with each request it names")
+    parser.add_argument("--through-router", action="store_true",
+                        help="--base-url is an sglang-router: send each request's prediction and end-at-length settings "
+                             "in custom_labels, which the router passes on and the plugin on each worker moves into "
+                             "custom_params (the router drops custom_params on /generate); the workers need the "
+                             "plugin installed, whatever their policy")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
@@ -112,7 +117,8 @@ def run(args) -> int:
           f"at {workload.offered_rps:g} req/s to {', '.join(urls)}")
     sampling = SamplingSettings(args.temperature, args.top_p)
     started = time.perf_counter()
-    records = asyncio.run(_drive(workload.requests, urls, sampling, args.timeout, args.max_concurrency))
+    records = asyncio.run(_drive(workload.requests, urls, sampling, args.timeout, args.max_concurrency,
+                                 args.through_router))
     duration_s = time.perf_counter() - started
 
     metrics = summarize_records(records, args.short_threshold, slo)
@@ -136,6 +142,7 @@ def run(args) -> int:
         "seed": args.seed,
         "oracle_prediction": args.oracle_prediction,
         "predictions": args.predictions,
+        "through_router": args.through_router,
         "started_at": started_at,
         "duration_s": duration_s,
     }
@@ -197,7 +204,8 @@ def _validate(args) -> None:
         raise OutletsError(f"--output {args.output} is a file; give a directory")
 
 
-async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_concurrency: Optional[int]):
+async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_concurrency: Optional[int],
+                 through_router: bool = False):
     """Send every request at its arrival time, round-robin over ``urls``; records in request order."""
     import httpx
     from tqdm import tqdm
@@ -215,7 +223,8 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
         async def one(index: int, request):
             nonlocal failures
             async with gate:
-                record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s)
+                record = await send_request(client, urls[index % len(urls)], request, sampling, start, timeout_s,
+                                            through_router)
             failures += not record.success
             progress.set_postfix(failed=failures, refresh=False)
             progress.update(1)

@@ -69,8 +69,14 @@ class RequestRecord:
         return asdict(self)
 
 
-def generate_payload(request: BenchRequest, sampling: SamplingSettings) -> Dict[str, Any]:
-    """The native ``/generate`` body of a request."""
+def generate_payload(request: BenchRequest, sampling: SamplingSettings, through_router: bool = False) -> Dict[str, Any]:
+    """The native ``/generate`` body of a request.
+
+    The request's own settings (its prediction, where it ends) go in ``sampling_params.custom_params``;
+    ``through_router``: in ``custom_labels`` as strings instead, the one field of ``/generate`` that
+    sglang-router 0.3.2 passes on (it drops ``custom_params``), which the plugin moves back into
+    ``custom_params`` on the worker (``sglang_patches/client_predictions.py``).
+    """
     params: Dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": sampling.temperature}
     if sampling.top_p < 1.0:
         params["top_p"] = sampling.top_p
@@ -83,7 +89,9 @@ def generate_payload(request: BenchRequest, sampling: SamplingSettings) -> Dict[
     if request.end_token_id is not None:
         custom_params.update(end_at_params(request.expected_output_len, request.end_token_id))
         extra["custom_logit_processor"] = serialized_processor()
-    if custom_params:
+    if custom_params and through_router:
+        extra["custom_labels"] = {key: str(value) for key, value in custom_params.items()}
+    elif custom_params:
         params["custom_params"] = custom_params
     prompt = {"text": request.text} if request.input_ids is None else {"input_ids": list(request.input_ids)}
     return {**prompt, "sampling_params": params, **extra, "stream": True}
@@ -96,6 +104,7 @@ async def send_request(
     sampling: SamplingSettings,
     run_start: float,
     timeout_s: Optional[float],
+    through_router: bool = False,
 ) -> RequestRecord:
     """Send one request and record it; never raises for a server-side failure."""
     sent = time.perf_counter()
@@ -104,7 +113,7 @@ async def send_request(
         prompt_len=request.prompt_len, expected_output_len=request.expected_output_len,
     )
     try:
-        await asyncio.wait_for(_stream(client, url, generate_payload(request, sampling), record, sent), timeout_s)
+        await asyncio.wait_for(_stream(client, url, generate_payload(request, sampling, through_router), record, sent), timeout_s)
     except asyncio.TimeoutError:
         record.error = f"timeout: no complete answer within {timeout_s:g} s"
     except httpx.HTTPError as exc:
