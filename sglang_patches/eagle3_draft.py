@@ -41,6 +41,7 @@ from sglang.srt.utils import add_prefix
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
+from specforge_outlets.serving.draft_modes import eagle3_refusal
 from sglang_patches.settings import DRAFT_ARCHITECTURE
 
 logger = logging.getLogger("sglang_patches")
@@ -246,13 +247,9 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
 
     def require_draft_state_head(self) -> None:
         """Refuse EAGLE-3 mode for a head trained on the fused target features (not the draft state)."""
-        if self.length_head_input != "draft":
-            raise OutletsDraftError(
-                f"{ARCHITECTURE}: outlets_config.head_input={self.length_head_input!r}: EAGLE-3 mode reads the "
-                "length head on the draft state the speculative worker keeps, which a head trained on the fused "
-                "target features cannot read. Train with head_input: draft, or use predictor-only mode "
-                "(--outlets-draft-path, speculative decoding off)."
-            )
+        refusal = eagle3_refusal(self.outlets_config)  # the rule `outlets export` prints its modes by
+        if refusal is not None:
+            raise OutletsDraftError(f"{ARCHITECTURE}: {refusal}")
 
 
 def register() -> None:

@@ -22,6 +22,7 @@ import math
 import threading
 from typing import List, Optional
 
+from specforge_outlets.serving.draft_modes import LLAMA_TARGET
 from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.settings import (
@@ -58,7 +59,7 @@ def load_model_after(result, self, *args, **kwargs):
     inner = getattr(self.model, "model", None)
     if not isinstance(inner, LlamaModel):
         raise OutletsSettingsError(
-            f"--outlets-draft-path: predictor-only mode needs a Llama-family target (SGLang LlamaModel); "
+            f"--outlets-draft-path: predictor-only mode needs {LLAMA_TARGET}; "
             f"{type(self.model).__name__} is not one"
         )
     if inner.layers_to_capture:

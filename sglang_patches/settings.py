@@ -27,6 +27,7 @@ from specforge_outlets.scheduling import (
     QueuePolicy,
     SchedulingConfig,
 )
+from specforge_outlets.serving.draft_modes import min_target_layers, target_hidden_size
 
 POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
 # The architecture an `outlets export` names in its config.json (sglang_patches/eagle3_draft.py implements it).
@@ -193,20 +194,22 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
     One rule for both places that check it: the launcher (from the target's config.json) and the
     scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS
     (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
-    input, so the last layer's output (index N) cannot be read.
+    input, so the last layer's output (index N) cannot be read. The limit and the width are
+    ``specforge_outlets.serving.draft_modes``' rules, which ``outlets export`` prints.
     """
-    fusion = OutletsDraftConfig.from_dict(draft_config["outlets_config"]).fusion_layers
+    outlets = OutletsDraftConfig.from_dict(draft_config["outlets_config"])
+    fusion = outlets.fusion_layers
     try:
         validate_fusion_layers(list(fusion), int(num_layers))
     except ValueError as error:
         raise OutletsSettingsError(f"--outlets-draft-path {draft_path}: fusion layers {list(fusion)} do not fit the "
                                    f"{num_layers}-layer target (a draft trained for another target?): {error}") from None
-    if max(fusion) == int(num_layers):
+    if int(num_layers) < min_target_layers(outlets):
         raise OutletsSettingsError(
             f"--outlets-draft-path {draft_path}: fusion layer {num_layers} is the last layer's output, which SGLang "
             f"does not capture (it reads a layer's input); train the draft with fusion layers below {num_layers}")
-    expected = draft_config.get("target_hidden_size") or draft_config.get("hidden_size")
-    if expected is not None and int(expected) != int(hidden_size):
+    expected = target_hidden_size(draft_config)
+    if expected is not None and expected != int(hidden_size):
         raise OutletsSettingsError(f"--outlets-draft-path {draft_path}: the draft expects target hidden size "
                                    f"{expected}, the target has {hidden_size}")
 

@@ -88,6 +88,30 @@ def test_export_round_trip_and_length_loss_fell(trained_run, tiny_target, tiny_f
     assert after < 0.5 * before, (before, after)
 
 
+def test_export_prints_the_serving_modes_the_plugin_accepts(trained_run, capsys, tmp_path):
+    out = str(tmp_path / "draft")
+    assert main(["export", "--checkpoint", trained_run, "--output", out]) == 0
+    printed = capsys.readouterr().out
+    assert f"EAGLE-3: --speculative-algorithm EAGLE3 --speculative-draft-model-path {out} --schedule-policy outlets\n" \
+        in printed
+    assert f"predictor-only: --schedule-policy outlets --outlets-draft-path {out} --disable-radix-cache\n" in printed
+    # fusion layers (2, 3, 4): index 4 is read as layer 5's input
+    assert "(TARGET: a Llama-family target (SGLang LlamaModel) with at least 5 layers and hidden size 32)" in printed
+
+    # a head trained on the fused features: predictor-only mode only, EAGLE-3 refused with the plugin's reason
+    with open(os.path.join(trained_run, "draft_config.json")) as f:
+        config = json.load(f)
+    config["outlets_config"]["head_input"] = "fused"
+    (tmp_path / "fused.json").write_text(json.dumps(config))
+    fused = str(tmp_path / "fused")
+    assert main(["export", "--checkpoint", trained_run, "--output", fused,
+                 "--draft-config", str(tmp_path / "fused.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"predictor-only: --schedule-policy outlets --outlets-draft-path {fused} --disable-radix-cache\n" in printed
+    assert "--speculative-draft-model-path" not in printed
+    assert "EAGLE-3: refused: outlets_config.head_input='fused'" in printed
+
+
 def test_two_rank_cpu_run(tiny_target, tiny_features, tmp_path):
     recipe = write_recipe(str(tmp_path / "recipe.yaml"), tiny_target, tiny_features, str(tmp_path),
                           training={"max_steps": 2, "num_epochs": 1, "batch_size": 2},

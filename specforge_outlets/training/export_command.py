@@ -3,14 +3,18 @@
 ``config.json`` (architecture ``OutletsLlamaForCausalLMEagle3``, with ``outlets_config`` naming
 the fusion layers and head shape) + ``model.safetensors`` holding the EAGLE-3 weights, the gate
 and the length head. SpecForge's exporter accepts ``eagle3`` checkpoints only, so this command
-composes its pieces: state resolution, key validation, serving-key checks, rope fix-up.
+composes its pieces: state resolution, key validation, serving-key checks, rope fix-up. After
+writing, the command prints the plugin's serving modes that accept the export and each one's server
+flags (``specforge_outlets.serving.draft_modes``), so a head that EAGLE-3 mode refuses is known here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.serving.draft_modes import describe
 
 DRAFT_CONFIG_FILE = "draft_config.json"
 
@@ -75,4 +79,6 @@ def export_draft(checkpoint: str, output: str, draft_config_path: str | None = N
 def run(args) -> int:
     out = export_draft(args.checkpoint, args.output, args.draft_config)
     print(f"exported OUTLETS draft to {out}")
+    with open(os.path.join(out, "config.json")) as handle:
+        print(describe(out, json.load(handle)))  # the plugin's own rule: what it accepts, as written
     return 0
