@@ -9,18 +9,13 @@ import yaml
 
 from specforge_outlets.model.tiny_chat_target import make_chat_target
 from specforge_outlets.model.weight_index import write_weight_index
+from tests.tiny_target import write_draft_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_recipe(tmp_path, target):
-    with open(os.path.join(target, "config.json")) as f:
-        config = json.load(f)
-    draft = {key: config[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                                          "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
-    draft.update(architectures=["OutletsLlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
-                 draft_vocab_size=64, pad_token_id=0)
-    (tmp_path / "draft.json").write_text(json.dumps(draft))
+    write_draft_config(target, str(tmp_path / "draft.json"))
     with open(os.path.join(ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")) as f:
         recipe = yaml.safe_load(f)
     recipe["model"].update(draft_model_config=str(tmp_path / "draft.json"), lm_head_key="lm_head.weight")

@@ -33,12 +33,20 @@ def make_tiny_target(directory: str) -> str:
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(directory, safe_serialization=True)
     write_weight_index(directory)
-    draft = {key: getattr(config, key) for key in DRAFT_FIELDS}
+    write_draft_config(directory, os.path.join(directory, "draft_config.json"))
+    return directory
+
+
+def write_draft_config(target_dir: str, path: str) -> str:
+    """A one-layer OUTLETS draft config shaped like the target saved in ``target_dir`` (its config.json)."""
+    with open(os.path.join(target_dir, "config.json")) as f:
+        config = json.load(f)
+    draft = {key: config[key] for key in DRAFT_FIELDS}
     draft.update(architectures=["OutletsLlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
                  draft_vocab_size=TINY_DRAFT_VOCAB)
-    with open(os.path.join(directory, "draft_config.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(draft, f, indent=2)
-    return directory
+    return path
 
 
 @torch.no_grad()

@@ -26,6 +26,11 @@ PROMPTS = [[5, 17, 40, 99, 123, 7, 8], [1, 200, 201, 202], [9, 30, 31, 32, 33, 3
 TRAIN_PYTHON = os.environ.get("OUTLETS_TRAIN_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
 
 
+def training_env() -> dict:
+    """This process's environment without the serve environment's interpreter settings."""
+    return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def in_training_env(*args) -> str:
     """Called from the serve environment's tests: run this module in the training environment; its
     last stdout line. Skips the calling test when the training environment is not built."""
@@ -33,9 +38,8 @@ def in_training_env(*args) -> str:
 
     if not os.path.exists(TRAIN_PYTHON):
         pytest.skip(f"the training environment ({TRAIN_PYTHON}) is needed for the offline reference (make install)")
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     result = subprocess.run([TRAIN_PYTHON, "-m", "tests.sglang_harness.offline_reference", *args], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600)
+                            env=training_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
 

@@ -40,12 +40,14 @@ def server_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 
 class SGLangServer(_Server):
-    """The package's server with the CPU harness: ``SGLangServer(model, ["--schedule-policy", "outlets"])``."""
+    """The package's server with the CPU harness: ``SGLangServer(model, ["--schedule-policy", "outlets"])``.
+
+    ``cwd``: where relative paths in ``args`` resolve (the checkout by default)."""
 
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
                  log_path: Optional[str] = None, python: str = sys.executable,
                  fail_prompt: Optional[List[int]] = None, time_rounds: bool = False,
-                 eagle3_cpu: bool = False) -> None:
+                 eagle3_cpu: bool = False, cwd: str = REPO) -> None:
         env = server_env(env)
         plugins = []
         if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
@@ -56,7 +58,7 @@ class SGLangServer(_Server):
         if eagle3_cpu:  # a test-only plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
             plugins.append(EAGLE3_CPU)
         super().__init__(model_path, [*HARNESS_ARGS, *args], env=env, log_path=log_path, python=python,
-                         pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=REPO)
+                         pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=cwd)
         # The launcher starts from this process's environment, where an in-process parse of the
         # plugin's flags (test_sglang_plugin.py) leaves OUTLETS_* settings: only the test's own count.
         self.env = {key: value for key, value in self.env.items() if not key.startswith("OUTLETS_") or key in env}
