@@ -16,7 +16,7 @@ SERVE_STAMP := $(SERVE_VENV)/.outlets-serve-installed
 SERVE_TESTS := tests/test_sglang_plugin.py tests/test_sglang_server.py tests/test_sglang_dp.py tests/test_sglang_predictor.py \
 	tests/test_sglang_eagle3_draft.py tests/test_sglang_kernel_reference.py tests/test_sglang_eagle3_mode.py tests/test_sglang_admission.py \
 	tests/test_sglang_load_endpoint.py tests/test_sglang_client_predictions.py tests/test_sglang_documented_path.py \
-	tests/test_sglang_router.py
+	tests/test_sglang_router.py tests/test_sglang_pd.py
 
 .PHONY: install llama-server serve-env demo test test-serve clean
 
@@ -38,7 +38,10 @@ $(STAMP): setup.py requirements/cpu.txt requirements/cpu-nodeps.txt requirements
 # go on the serve venv's path through a .pth file; the plugin itself never needs them.
 serve-env: $(SERVE_STAMP)
 
+# Debian's libibverbs1 first: mooncake's transfer engine (serve-nodeps.txt) links it even for TCP.
 $(SERVE_STAMP): setup.py requirements/serve-cpu.txt requirements/serve-nodeps.txt requirements/constraints-serve.txt
+	ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -qq --no-install-recommends libibverbs1 \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends libibverbs1)
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_PIP) install -c requirements/constraints-serve.txt -r requirements/serve-cpu.txt
 	$(SERVE_PIP) install --no-deps -r requirements/serve-nodeps.txt

@@ -32,7 +32,7 @@ from sglang_patches.settings import (
 logger = logging.getLogger("sglang_patches")
 
 ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
-ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prior" (fallback)
+ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prefill" (PD transfer), "prior" (fallback)
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
 # (config, tokens generated, predicted remaining): remaining(), for the requests routing and KV admission read
 ATTR_REMAINING = "outlets_predicted_remaining"
@@ -70,6 +70,11 @@ def arrival_time(req) -> float:
 
 def prediction(req) -> Optional[float]:
     return getattr(req, ATTR_PREDICTION, None)
+
+
+def prediction_source(req) -> Optional[str]:
+    """Where the request's prediction came from (``ATTR_SOURCE``); None until predicted."""
+    return getattr(req, ATTR_SOURCE, None)
 
 
 def is_external(req) -> bool:

@@ -7,10 +7,11 @@ which applied and refuses a feature whose hooks did not (``state.check_hooks``).
 
 from __future__ import annotations
 
-from sglang_patches import (cli, client_predictions, kv_admission, load_endpoint, meta_info, ordering, predictor,
-                            routing, speculative, state)
+from sglang_patches import (cli, client_predictions, kv_admission, load_endpoint, meta_info, ordering, pd_transfer,
+                            predictor, routing, speculative, state)
 
-AREAS = (cli, ordering, kv_admission, meta_info, client_predictions, routing, load_endpoint, predictor, speculative)
+AREAS = (cli, ordering, kv_admission, meta_info, client_predictions, routing, load_endpoint, predictor, speculative,
+         pd_transfer)
 
 
 def register_all() -> None:

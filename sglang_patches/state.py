@@ -2,7 +2,7 @@
 
 A leaf: it imports no other plugin module but ``settings`` (flags and their validation, stateless),
 so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``client_predictions``,
-``routing``, ``load_endpoint``, ``predictor``, ``speculative``) all read it and none imports another
+``routing``, ``load_endpoint``, ``predictor``, ``speculative``, ``pd_transfer``) all read it and none imports another
 (they share helpers that hold no hooks: ``predictions``, ``snapshots``). Tests set state through
 :func:`use_settings` and :func:`reset_settings`.
 """
@@ -152,7 +152,7 @@ class _Metrics:
 
     def __init__(self) -> None:
         self._ready = False
-        self._error = self._changes = None
+        self._error = self._changes = self._unpredicted_transfers = None
 
     def _init(self) -> None:
         self._ready = True
@@ -171,6 +171,10 @@ class _Metrics:
             self._changes = Counter(
                 "outlets_queue_order_changes", "Scheduling rounds in which the outlets policy reordered the waiting queue"
             )
+            self._unpredicted_transfers = Counter(
+                "outlets_transfers_without_prediction",
+                "Requests a PD decode instance received with no prediction from the prefill or the request (prior used)",
+            )
         except Exception as error:  # metrics are best effort, never fatal
             logger.warning("OUTLETS metrics unavailable: %s", error)
 
@@ -185,6 +189,12 @@ class _Metrics:
             self._init()
         if self._changes is not None:
             self._changes.inc()
+
+    def transfer_without_prediction(self) -> None:
+        if not self._ready:
+            self._init()
+        if self._unpredicted_transfers is not None:
+            self._unpredicted_transfers.inc()
 
 
 _metrics = _Metrics()

@@ -21,6 +21,7 @@ STUBS = os.path.join(HARNESS, "stubs")
 FAULTS = os.path.join(HARNESS, "faults")
 TIMING = os.path.join(HARNESS, "timing")
 EAGLE3_CPU = os.path.join(HARNESS, "eagle3_cpu")
+PD_CPU = os.path.join(HARNESS, "pd_cpu")
 REPO = os.path.dirname(os.path.dirname(HARNESS))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
 # small, fixed settings of every test server; an idle scheduler sleeps instead of polling, so servers
@@ -47,7 +48,7 @@ class SGLangServer(_Server):
     def __init__(self, model_path: str, args: List[str] = (), env: Optional[Dict[str, str]] = None,
                  log_path: Optional[str] = None, python: str = sys.executable,
                  fail_prompt: Optional[List[int]] = None, time_rounds: bool = False,
-                 eagle3_cpu: bool = False, cwd: str = REPO) -> None:
+                 eagle3_cpu: bool = False, pd_cpu: bool = False, cwd: str = REPO) -> None:
         env = server_env(env)
         plugins = []
         if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
@@ -57,6 +58,8 @@ class SGLangServer(_Server):
             plugins.append(TIMING)
         if eagle3_cpu:  # a test-only plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
             plugins.append(EAGLE3_CPU)
+        if pd_cpu:  # a test-only plugin lets a prefill instance send KV over mooncake_tcp on CPU (pd_cpu/)
+            plugins.append(PD_CPU)
         super().__init__(model_path, [*HARNESS_ARGS, *args], env=env, log_path=log_path, python=python,
                          pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=cwd)
         # The launcher starts from this process's environment, where an in-process parse of the
