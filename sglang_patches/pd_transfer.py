@@ -10,17 +10,22 @@ rides in its last slot. Rows are reused without being cleared, so the prefill wr
 0 where it has no prediction of its own (the prior is the decode's to apply, not a value to send).
 
 On the decode instance the request's own prediction (``custom_params``, which the router sends to
-both instances) wins; then the prefill's; a request with neither (a prefill without the plugin, an
-old one, a failed predictor) falls back to the prior, counted in the fallback log and, with
-``--enable-metrics``, in ``outlets_transfers_without_prediction_total``.
+both instances) wins; then the prefill's; a request with neither (a prefill without the plugin or
+without a predictor, a failed predictor) is scheduled on the prior, as an unpredicted request on a
+single server is, and counted (``outlets_transfers_without_prediction_total`` with
+``--enable-metrics``; the first one is logged).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 from sglang_patches import predictions as P
 from sglang_patches import state
+
+logger = logging.getLogger("sglang_patches")
+_warned = False  # the first request without a prediction is logged, the rest only counted
 
 PREDICTION_SLOT = 15  # of MetadataBuffers.output_token_logprobs_val's 16 per request; SGLang uses slot 0
 NO_PREDICTION = 0.0  # what the prefill writes for a request it has not predicted (never a real length)
@@ -37,13 +42,19 @@ def sent_prediction(req) -> float:
 
 def receive_prediction(req, value: float, config) -> None:
     """The decode instance takes the request's own prediction, else the transferred ``value``, else the prior."""
-    if P.assign_external_prediction(req, config) and P.prediction_source(req) != "prior":
+    if P.assign_external_prediction(req, config):
         return  # the request carried its own (or was already predicted: a re-bootstrap keeps its first)
     if math.isfinite(value) and value > 0:
         P.set_prediction(req, value, SOURCE)
         return
+    # Unpredicted, as a request without a prediction on a single server: every reader uses the prior.
     state.metrics().transfer_without_prediction()
-    P.fall_back_to_prior(req, config, "no prediction arrived from the prefill instance")
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning("OUTLETS: request %s arrived from the prefill instance without a prediction (a prefill without "
+                       "--outlets-draft-path, or its predictor failed): scheduled on the prior; such requests are "
+                       "counted in outlets_transfers_without_prediction_total (--enable-metrics)", req.rid)
 
 
 def set_buf_after(result, self, req):

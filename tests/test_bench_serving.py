@@ -480,6 +480,11 @@ def test_end_at_output_len_processor_forbids_the_stop_token_before_the_length_an
     second = EndAtOutputLength()(torch.zeros(4, 5), rows)  # a new instance per batch, as SGLang makes them
     assert second[0].tolist() == stop_only and second[2].tolist() == no_stop
     assert EndAtOutputLength()(torch.zeros(2, 5), rows[2:])[0].tolist() == stop_only
+    # a PD decode instance: the prefill sampled the first token, so the first call here samples the second
+    handed_over = SimpleNamespace(output_ids=[11])
+    row = [{**end_at_params(3, stop_token_id=2), "__req__": handed_over}]
+    assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == no_stop
+    assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == stop_only
 
 
 def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, capsys):

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
@@ -27,13 +24,14 @@ pytest.importorskip("mooncake", reason="mooncake-transfer-engine-non-cuda is ins
 
 from sglang_patches import pd_transfer, predictions as P, state  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
+from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter, pd_router_args  # noqa: E402
 from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
 from tests.sglang_harness.offline_reference import PROMPTS, in_training_env  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
 
 PRIOR = 256.0
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the prefill's draft raise for prompts starting with these ids
-POLL_S = 1  # the router's --worker-startup-check-interval
+POLL_S = LOAD_POLL_INTERVAL_S
 BURST, BURST_TOKENS = 6, 5  # the requests sent while one decode instance is busy
 # SGLang's CPU work-arounds for PD (../shared/notes/pd-and-router.md); --dtype float32 as the offline reference
 PD_ARGS = ["--disaggregation-transfer-backend", "mooncake_tcp", "--disable-overlap-schedule", "--dtype", "float32"]
@@ -100,7 +98,7 @@ def test_the_decode_takes_the_requests_own_prediction_then_the_prefills_then_the
     for missing in (0.0, float("nan"), -4.0):
         req = decode_req()
         pd_transfer.receive_prediction(req, missing, config)
-        assert (P.prediction(req), P.prediction_source(req)) == (PRIOR, "prior")
+        assert P.prediction(req) is None and P.remaining(req, config) == PRIOR  # scheduled on the prior
     assert len(counted) == 3
     rebootstrapped = decode_req()  # a PD re-bootstrap commits again: the first prediction stays
     pd_transfer.receive_prediction(rebootstrapped, 50.0, config)
@@ -134,33 +132,16 @@ def pd_cluster(chat_target, outlets_export, tmp_path_factory):
     decodes = [SGLangServer(chat_target, [*DECODE_ARGS, *PD_ARGS], log_path=str(log_dir / f"decode{index}.log"),
                             pd_cpu=True) for index in range(2)]
     servers = [prefill, *decodes]
-    router = None
+    router = SGLangRouter(pd_router_args(prefill.url, bootstrap, [decode.url for decode in decodes], "power_of_two",
+                                         POLL_S), log_path=str(log_dir / "router.log"))
     try:
         for server in servers:
             server.start()
-        port = free_port()
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-             "--pd-disaggregation", "--prefill", prefill.url, str(bootstrap),
-             *[arg for decode in decodes for arg in ("--decode", decode.url)],
-             "--decode-policy", "power_of_two", "--worker-startup-check-interval", str(POLL_S),
-             "--prometheus-port", str(free_port())],
-            stdout=open(log_dir / "router.log", "w"), stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert router.poll() is None and time.monotonic() < deadline, (log_dir / "router.log").read_text()
-                time.sleep(0.5)
+        router.start()
         time.sleep(3 * POLL_S)
-        yield SimpleNamespace(prefill=prefill, decodes=decodes, url=url)
+        yield SimpleNamespace(prefill=prefill, decodes=decodes, url=router.url)
     finally:
-        if router is not None:
-            router.terminate()
-            router.wait(timeout=30)
+        router.stop()
         for server in servers:
             server.stop()
 
@@ -200,11 +181,12 @@ def test_a_request_the_prefill_could_not_predict_gets_the_prior_on_the_decode_an
     before = [counted_fallbacks(decode) for decode in pd_cluster.decodes]
     response = post(f"{pd_cluster.url}/generate", {"input_ids": FAIL_PROMPT + PROMPTS[0], "rid": "unpredicted",
                                                    "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
-    assert response["meta_info"]["predicted_output_len"] == PRIOR
+    assert response["meta_info"]["completion_tokens"] == 2
+    assert "predicted_output_len" not in response["meta_info"]  # as an unpredicted request on one server
     assert re.search(r"OUTLETS prediction failed for request unpredicted .*injected failure",
                      pd_cluster.prefill.log_text())
     logs = "".join(decode.log_text() for decode in pd_cluster.decodes)
-    assert re.search(r"request unpredicted \(no prediction arrived from the prefill instance\)", logs), logs[-3000:]
+    assert "request unpredicted arrived from the prefill instance without a prediction" in logs, logs[-3000:]
     assert sum(counted_fallbacks(decode) for decode in pd_cluster.decodes) == sum(before) + 1
 
 

@@ -10,8 +10,6 @@ A real server whose ``/get_load`` failed would read -1 and win every comparison,
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -23,13 +21,13 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 pytest.importorskip("sglang_router", reason="sglang-router is installed in the serve environment (make test)")
 
+from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter  # noqa: E402
 from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
 from tests.sglang_harness.server import start_server  # noqa: E402
 
 PROMPT = "hello world the quick brown fox"
 STAND_IN_LOAD = 1000  # num_tokens the stand-in reports: above an idle server's 0, below a busy one's
-POLL_S = 1  # --worker-startup-check-interval: the router's load poll (its minimum)
-ROUTER_START_TIMEOUT_S = 60
+POLL_S = LOAD_POLL_INTERVAL_S
 # the busy server: requests queued behind one running request (--max-running-requests 1), each
 # predicted at 5,000 tokens and running BLOCKER_TOKENS (the tiny target's context is 512)
 BLOCKERS, BLOCKER_TOKENS = 24, 400
@@ -84,28 +82,16 @@ def cluster(chat_target, tmp_path_factory):
     server = start_server(chat_target, str(log_dir), ["--schedule-policy", "outlets", "--enable-custom-logit-processor",
                                                          "--max-running-requests", "1"])
     stand_in = StandIn()
-    port = free_port()
-    with open(log_dir / "router.log", "w") as log:
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-             "--worker-urls", server.url, stand_in.url, "--policy", "power_of_two",
-             "--worker-startup-check-interval", str(POLL_S), "--prometheus-port", str(free_port())],
-            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=5).read()
-            break
-        except (urllib.error.URLError, ConnectionError):
-            assert router.poll() is None and time.monotonic() < deadline, (log_dir / "router.log").read_text()[-3000:]
-            time.sleep(0.5)
-    time.sleep(3 * POLL_S)  # the first polls of both workers' loads
-    yield server, stand_in, url
-    router.terminate()
-    router.wait(timeout=30)
-    stand_in.stop()
-    server.stop()
+    router = SGLangRouter(["--worker-urls", server.url, stand_in.url, "--policy", "power_of_two",
+                           "--worker-startup-check-interval", str(POLL_S)], log_path=str(log_dir / "router.log"))
+    try:
+        router.start()
+        time.sleep(3 * POLL_S)  # the first polls of both workers' loads
+        yield server, stand_in, router.url
+    finally:
+        router.stop()
+        stand_in.stop()
+        server.stop()
 
 
 def test_an_idle_outlets_server_wins_and_the_request_settings_survive_the_router(cluster, chat_target):

@@ -35,7 +35,9 @@ class EndAtOutputLength:
 
     It counts its own calls per request (one per sampled token) instead of reading
     ``len(req.output_ids)``: under SGLang's overlap scheduler the previous step's token is not yet
-    in ``output_ids`` when the next step samples, which ended requests one token late.
+    in ``output_ids`` when the next step samples, which ended requests one token late. The count
+    starts from the tokens the request already holds at its first call on this instance: none on a
+    single server, the prefill's first token on a PD decode instance (it was sampled elsewhere).
     """
 
     def __call__(self, logits, custom_param_list: Optional[List[Optional[Dict[str, Any]]]] = None):
@@ -43,7 +45,10 @@ class EndAtOutputLength:
             if not params or OUTPUT_LEN_PARAM not in params:
                 continue
             stop, req = params[STOP_TOKEN_PARAM], params[REQUEST_PARAM]
-            sampling = getattr(req, SAMPLED_ATTR, 0) + 1  # the number of the token this step samples
+            sampled = getattr(req, SAMPLED_ATTR, None)
+            if sampled is None:
+                sampled = len(getattr(req, "output_ids", None) or ())
+            sampling = sampled + 1  # the number of the token this step samples
             setattr(req, SAMPLED_ATTR, sampling)
             if sampling >= params[OUTPUT_LEN_PARAM]:
                 logits[row, :] = float("-inf")
