@@ -78,6 +78,10 @@ class FCFSRequestQueue(RequestQueue):
     def add_request(self, request: SchedulableRequest) -> None:
         self._requests.append(request)
 
+    def prepend_request(self, request: SchedulableRequest) -> None:
+        """Put a request at the front, as vLLM's FCFS queue does with a preempted one."""
+        self._requests.appendleft(request)
+
     def pop_request(self, now: float) -> SchedulableRequest:
         return self._requests.popleft()
 

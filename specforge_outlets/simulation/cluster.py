@@ -51,6 +51,10 @@ class KVAdmission(Enum):
     # a full cache retracts the fewest-generated first. Colocated instances only (SGLang's PD decode
     # instances admit by another rule, disaggregation/decode.py)
     SGLANG = "sglang"
+    # vLLM 0.34.0's own (vllm_admission.py): nothing reserved ahead, each step allocates whole blocks;
+    # when they run out the last admitted request is preempted, to the front of the queue, and
+    # recomputed; a request is admitted when its whole sequence's blocks are free. Colocated only
+    VLLM = "vllm"
 
 
 class PredictionPoint(Enum):
@@ -141,17 +145,32 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
         else:
             parsed[name] = value
     config = ClusterConfig(**parsed)
-    if config.kv_admission is KVAdmission.SGLANG and config.mode is not ClusterMode.COLOCATED:
-        raise OutletsError(
-            f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "
-            "disaggregated decode instances admit by num_reserved_decode_tokens per request instead, which is not "
-            "modelled: set mode colocated, or kv_admission max-new-tokens or predicted")
+    check_kv_admission(config, source)
     if config.kv_capacity() < 1:
         raise OutletsError(
             f"{source}: model {config.model} does not fit on {config.gpu} with memory_fraction "
             f"{config.memory_fraction}; raise memory_fraction or set kv_capacity_tokens"
         )
     return config
+
+
+def check_kv_admission(config: ClusterConfig, source: str) -> None:
+    """Refuse an engine's own admission where the simulator does not model it."""
+    if config.kv_admission is KVAdmission.SGLANG and config.mode is not ClusterMode.COLOCATED:
+        raise OutletsError(
+            f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "
+            "disaggregated decode instances admit by num_reserved_decode_tokens per request instead, which is not "
+            "modelled: set mode colocated, or kv_admission max-new-tokens or predicted")
+    if config.kv_admission is KVAdmission.VLLM and config.mode is not ClusterMode.COLOCATED:
+        raise OutletsError(
+            f"{source}: kv_admission vllm models vLLM's Scheduler on colocated instances; vLLM disaggregates "
+            "through KV connectors, which are not modelled: set mode colocated, or kv_admission max-new-tokens or "
+            "predicted")
+    if config.kv_admission is KVAdmission.VLLM and config.max_running_requests > config.chunked_prefill_size:
+        raise OutletsError(
+            f"{source}: kv_admission vllm reads chunked_prefill_size as vLLM's max_num_batched_tokens and "
+            f"max_running_requests as its max_num_seqs, which vLLM refuses above it ({config.max_running_requests} > "
+            f"{config.chunked_prefill_size}): lower max_running_requests or raise chunked_prefill_size")
 
 
 def _number(source: str, name: str, value: Any, positive: bool) -> float:

@@ -36,8 +36,14 @@ from specforge_outlets.scheduling import (
     rank_load,
     retraction_order_key,
 )
-from specforge_outlets.simulation import sglang_admission
-from specforge_outlets.simulation.cluster import ClusterConfig, ClusterMode, KVAdmission, PredictionPoint
+from specforge_outlets.simulation import sglang_admission, vllm_admission
+from specforge_outlets.simulation.cluster import (
+    ClusterConfig,
+    ClusterMode,
+    KVAdmission,
+    PredictionPoint,
+    check_kv_admission,
+)
 from specforge_outlets.simulation.token_gaps import TokenGapLog
 from specforge_outlets.simulation.sglang_peers import (
     AnyQueuePolicy,
@@ -194,6 +200,14 @@ class EngineInstance:
     refused round waits for a running request to leave, a running request holds the KV of its prompt
     and its output but the last token (which the next step writes), and a full cache retracts the
     fewest-generated first (the plugin's order for the plugin's sjf and tail-safe).
+
+    ``kv_admission: vllm`` runs vLLM v1's instead (:mod:`vllm_admission`), one ``schedule`` pass at
+    each step boundary (``_vllm_schedule``): the running requests allocate whole blocks for the step in
+    running order (the decoding ones, then those prefilling), the last is preempted while an allocation
+    fails (one still prefilling included) and goes to the front of the queue, and a step that preempted
+    none admits while the whole sequence's blocks are free. A decode segment then runs while every
+    step's blocks fit (``decode_steps_that_fit``), one step after a preemption, as vLLM admits again at
+    the next.
     """
 
     def __init__(self, sim: "Simulation", chunked_prefill_size: int, engine_id: int) -> None:
@@ -205,9 +219,9 @@ class EngineInstance:
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
         self.sglang = sim.cluster.kv_admission is KVAdmission.SGLANG
-        if self.sglang and not chunked_prefill_size:
-            raise OutletsError("kv_admission sglang models SGLang's colocated instances (PrefillAdder); a "
-                               "disaggregated decode instance admits by another rule: set mode colocated")
+        self.vllm = sim.cluster.kv_admission is KVAdmission.VLLM
+        self.usable_blocks = vllm_admission.usable_blocks(self.capacity)  # vLLM's pool
+        self.watermark_blocks = vllm_admission.watermark_blocks(self.capacity)
         self.new_token_ratio = sglang_admission.NewTokenRatio()
         self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
         # SGLang's own retraction order, unless the plugin's order runs (it hooks the retraction order too)
@@ -276,8 +290,7 @@ class EngineInstance:
         request.enqueue_time = now
         self.queue.add_request(request)
         if not self.busy:
-            self._admit(now)
-            self._start_segment(now)
+            self._next_step(now)
         elif self.segment_chunk:
             return  # a mixed step: admission follows at its end
         elif self.sglang:
@@ -316,6 +329,12 @@ class EngineInstance:
     def _can_admit_head(self, now: float) -> bool:
         if not self.queue or len(self.running) + len(self.prefilling) >= self.max_running:
             return False
+        if self.vllm:  # the blocks left at the next boundary once the running requests allocated theirs
+            steps = self.steps_done + min(self._steps_to_next_boundary(now), self.segment_steps)
+            free = self.usable_blocks - sum(vllm_admission.blocks_for(r.input_len + 1 + steps - r.join_step)
+                                           for r in self.running.values())
+            return vllm_admission.admits(self.queue.peek_request(now).prefill_left, free, self.watermark_blocks,
+                                         bool(self.running))
         needed = self._reservation(self.queue.peek_request(now))
         # in use: the cache after one more step of the running requests (never above the
         # reservations when every request reserves its full length)
@@ -324,10 +343,23 @@ class EngineInstance:
 
     def _cut_segment(self, now: float) -> None:
         """End the decode segment after the step in progress, so the new request joins the batch."""
-        elapsed = now - self.segment_start - BOUNDARY_TOLERANCE_S  # arriving at a step boundary joins it
-        steps = self.model.decode_steps_done(elapsed, self.segment_batch, self.segment_kv) + 1
+        steps = self._steps_to_next_boundary(now)
         if steps < self.segment_steps:
             self._schedule_segment_end(steps)
+
+    def _steps_to_next_boundary(self, now: float) -> int:
+        """Steps of the decode segment in progress done at the end of the step running at ``now``."""
+        elapsed = now - self.segment_start - BOUNDARY_TOLERANCE_S  # arriving at a step boundary joins it
+        return self.model.decode_steps_done(elapsed, self.segment_batch, self.segment_kv) + 1
+
+    def _next_step(self, now: float) -> None:
+        """At a step boundary: admit, retract where the next step does not fit, and start the next segment."""
+        if self.vllm:
+            self.segment_retracted = self._vllm_schedule(now)
+        else:
+            self._admit(now)
+            self.segment_retracted = self._make_room(now)
+        self._start_segment(now)
 
     def _admit(self, now: float) -> None:
         if self.sglang:
@@ -340,7 +372,7 @@ class EngineInstance:
         """Admit the queue's head, reserving ``reservation`` KV tokens for it."""
         request = self.queue.pop_request(now)
         request.queue_delay += now - request.enqueue_time
-        if self.chunked_prefill_size and not request.retractions:  # colocated, before its first prefill
+        if self.chunked_prefill_size and not request.num_generated_tokens:  # colocated, before its first token
             request.prefill_queue_delay += now - request.enqueue_time
         else:
             request.decode_queue_delay += now - request.enqueue_time
@@ -425,8 +457,8 @@ class EngineInstance:
 
     def _reserve_again(self, request: SimRequest) -> None:
         """Re-size a reservation once the prediction is known (colocated: it comes with the first token)."""
-        if self.sglang:
-            return  # SGLang's admission reads no prediction
+        if self.sglang or self.vllm:
+            return  # the engines' own admissions read no prediction
         reservation = self._reservation(request)
         self.kv_reserved += reservation - request.reservation
         request.reservation = reservation
@@ -456,32 +488,94 @@ class EngineInstance:
             request.predicted_at(generated), generated, self.sim.scheduling.prior_output_len
         )
         self.pending_work += request.pending_work
+        self._requeue(now, request)
+
+    def _requeue(self, now: float, request: SimRequest) -> None:
+        """A retracted request waits again: vLLM puts it at the front of the queue, the others by the queue's rule."""
         request.enqueue_time = now
-        self.queue.add_request(request)
+        if self.vllm:
+            self.queue.prepend_request(request)
+        else:
+            self.queue.add_request(request)
+
+    def _vllm_schedule(self, now: float) -> bool:
+        """vLLM's ``Scheduler.schedule`` at a step boundary (:mod:`vllm_admission`); whether it preempted a request."""
+        blocks_for = vllm_admission.blocks_for
+        decoding = list(self.running.values())
+        # (blocks held, blocks once this step's tokens are allocated), in vLLM's running order
+        blocks = [(blocks_for(r.input_len + self.steps_done - r.join_step),
+                   blocks_for(r.input_len + 1 + self.steps_done - r.join_step)) for r in decoding]
+        chunks = {r.index: tokens for r, tokens in self._prefill_chunks()}
+        for request in self.prefilling:
+            done = request.prefill_claim - request.prefill_left
+            blocks.append((blocks_for(done), blocks_for(done + chunks.get(request.index, 0))))
+        free = self.usable_blocks - sum(held for held, _ in blocks)
+        order = decoding + list(self.prefilling)
+        kept = vllm_admission.running_kept(blocks, free)
+        for request in reversed(order[kept:]):  # the last first, each to the front of the queue
+            if request.index in self.running:
+                self._retract(now, request)
+            else:
+                self._preempt_prefill(now, request)
+        if kept < len(order):
+            return True  # no admission in a step that preempted
+        free -= sum(needed - held for held, needed in blocks)
+        budget = self.recompute_chunk - len(decoding) - sum(chunks.values())
+        while self.queue and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
+            tokens = self.queue.peek_request(now).prefill_left
+            if not vllm_admission.admits(tokens, free, self.watermark_blocks, bool(self.running or self.prefilling)):
+                break
+            chunk = min(tokens, budget)
+            free -= blocks_for(chunk)
+            budget -= chunk
+            self._take_head(now, 0)
+        return False
+
+    def _preempt_prefill(self, now: float, request: SimRequest) -> None:
+        """vLLM preempts a request still prefilling as it does a decoding one: its blocks freed, all computed again."""
+        self.prefilling.remove(request)
+        self.kv_prefilling -= request.prefill_claim
+        request.prefill_left = request.prefill_claim
+        request.retractions += 1
+        self._requeue(now, request)
+
+    def _prefill_chunks(self) -> List[Tuple[SimRequest, int]]:
+        """The tokens each request prefilling computes in the next step, in order, within the step's
+        budget (vLLM's: what the decoding requests, one token each, leave of max_num_batched_tokens)."""
+        budget = self.recompute_chunk - (len(self.running) if self.vllm else 0)
+        chunks = []
+        for request in self.prefilling:
+            if budget <= 0:
+                break
+            tokens = min(request.prefill_left, budget)
+            chunks.append((request, tokens))
+            budget -= tokens
+        return chunks
+
+    def _decode_room(self) -> int:
+        """Decode steps before the cache would overflow; vLLM's: one after a preemption, as it admits again at the next."""
+        if not self.vllm:
+            return (self.capacity - self._kv_in_use()) // len(self.running)
+        if self.segment_retracted:
+            return 1
+        return vllm_admission.decode_steps_that_fit(
+            [r.input_len + 1 + self.steps_done - r.join_step for r in self.running.values()], self.usable_blocks)
 
     # --- segments -------------------------------------------------------------------------------
     def _start_segment(self, now: float) -> None:
-        self.segment_retracted = self._make_room(now)
         self.segment_start, self.segment_batch, self.segment_kv = now, len(self.running), self.kv_tokens
         self.segment_chunk = []
         if self.prefilling:
             # A mixed step: every running request decodes one token, prompts take the chunk budget.
-            budget = self.recompute_chunk
-            for request in self.prefilling:
-                tokens = min(request.prefill_left, budget)
-                self.segment_chunk.append((request, tokens))
-                budget -= tokens
-                if budget == 0:
-                    break
-            prefill_tokens = self.recompute_chunk - budget
+            self.segment_chunk = self._prefill_chunks()
+            prefill_tokens = sum(tokens for _, tokens in self.segment_chunk)
             self.busy = True
             self.segment_steps = 1
             self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens))
         elif self.running:
             self.busy = True
             # up to the next finish, or to the last step before the cache would overflow
-            room = (self.capacity - self._kv_in_use()) // len(self.running)
-            self._schedule_segment_end(max(min(self._next_finish_step() - self.steps_done, room), 1))
+            self._schedule_segment_end(max(min(self._next_finish_step() - self.steps_done, self._decode_room()), 1))
         else:
             self.busy = False
 
@@ -517,20 +611,25 @@ class EngineInstance:
             if request.prefill_left == 0:
                 self.prefilling.popleft()
                 self.kv_prefilling -= request.prefill_claim
-                if request.retractions:  # recomputed: it resumes where it was retracted
-                    self._start_decoding(now, request)
-                    continue
-                self.sim.first_token(now, request)
-                self._reserve_again(request)
-                if request.output_len == 1:
-                    self.batch_is_full = False  # it leaves with its prefill batch
-                    self.pending_work -= request.pending_work
-                    self.kv_reserved -= request.reservation
-                    self.sim.finish(now, request)
+                if request.num_generated_tokens:  # recomputed: it resumes where it was retracted
+                    if self.vllm:  # vLLM samples the next token as the recomputation ends
+                        self.sim.token_gaps.lone_token(request, now)
+                        request.num_generated_tokens += 1
+                else:
+                    self.sim.first_token(now, request)
+                    self._reserve_again(request)
+                if request.num_generated_tokens == request.output_len:
+                    self._finish_unbatched(now, request)
                 else:
                     self._start_decoding(now, request)
-        self._admit(now)
-        self._start_segment(now)
+        self._next_step(now)
+
+    def _finish_unbatched(self, now: float, request: SimRequest) -> None:
+        """A request whose prefill (or vLLM's recomputation) yields its last token leaves with it."""
+        self.batch_is_full = False  # it leaves with its prefill batch
+        self.pending_work -= request.pending_work
+        self.kv_reserved -= request.reservation
+        self.sim.finish(now, request)
 
 
 class Simulation:
@@ -548,6 +647,8 @@ class Simulation:
     ) -> None:
         """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static.
         ``seed``: the router's random draws (power-of-two)."""
+        check_kv_admission(cluster, "cluster")
+        check_policy(cluster, policy)
         check_fits(trace, cluster)
         self.cluster, self.policy, self.scheduling = cluster, policy, scheduling
         self.dynamic = trajectories is not None
@@ -655,10 +756,22 @@ class Simulation:
         request.finish_time = now
 
 
+def check_policy(cluster: ClusterConfig, policy: Policy) -> None:
+    """Refuse a queue order the cluster's admission does not model."""
+    if cluster.kv_admission is KVAdmission.VLLM and policy.queue is not QueuePolicy.FCFS:
+        raise OutletsError(
+            f"kv_admission vllm models vLLM's FCFS scheduler (--scheduling-policy fcfs, its default), whose preempted "
+            f"requests go back to the front of the queue; queue {policy.queue.value} is not vLLM's: run queue fcfs only "
+            "(outlets simulate --queue fcfs --no-controlled-study), or kv_admission sglang, predicted or max-new-tokens")
+
+
 def check_fits(trace: Trace, cluster: ClusterConfig) -> None:
     """Every request must fit one instance's KV cache on its own, or it would wait forever."""
     capacity = cluster.kv_capacity()
     needs = cluster.kv_reservation(trace.input_lens, trace.output_lens)
+    if cluster.kv_admission is KVAdmission.VLLM:  # vLLM's pool holds whole blocks
+        capacity = vllm_admission.usable_blocks(capacity) * vllm_admission.BLOCK_SIZE
+        needs = vllm_admission.blocks_for(needs) * vllm_admission.BLOCK_SIZE
     too_big = np.flatnonzero(needs > capacity)
     if too_big.size:
         row = int(too_big[0])

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig
-from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.engine import Policy, Simulation, check_policy
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths, predicted_trajectories
 from specforge_outlets.serving.metrics import DEFAULT_SHORT_THRESHOLD, summarize_requests
 from specforge_outlets.serving.trace import Trace
@@ -71,6 +71,8 @@ def run_study(
     runs = [(POLICY_STUDY, policy, plan.predictor) for policy in plan.policies]
     sjf = Policy(plan.study_routing, QueuePolicy.SJF)
     runs += [(PREDICTOR_STUDY, sjf, predictor) for predictor in plan.study_predictors]
+    for _, policy, _ in runs:  # refused before any runs
+        check_policy(cluster, policy)
     kinds = {predictor for _, _, predictor in runs}
     predictions = {kind: predict_lengths(kind, trace, plan.seed, plan.noise_sigma, plan.predictions_path,
                                          plan.file_predictor) for kind in kinds}

@@ -6,8 +6,9 @@ segment gets one token per step, so the segment's gaps are its mean step time, o
 running request. A request therefore logs only the segments it joins and leaves (a span), and the
 pause before it (re)joins a batch: on a decode instance the wait after its first token (the KV
 transfer and the decode queue), after a retraction the time until its recomputation resumes it.
-That pause plus the segment's step time replaces its first gap in the span. The cost is per event,
-as the rest of the simulator's, never per token.
+That pause plus the segment's step time replaces its first gap in the span. A token made outside a
+segment (vLLM's recomputation samples the next token as it ends) is a gap of its own. The cost is per
+event, as the rest of the simulator's, never per token.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TokenGapLog:
         self.steps: List[List[int]] = [[] for _ in range(num_engines)]
         self.spans: List[Tuple[int, int, int, int]] = []  # (engine, request, first segment, end segment)
         self.pauses: List[Tuple[int, int, int, float]] = []  # (engine, request, segment, pause s)
+        self.lone_gaps: List[Tuple[int, float]] = []  # (request, gap s) before a token made outside a segment
 
     def segment(self, engine: int, duration_s: float, steps: int) -> None:
         """A decode segment of ``engine`` ended: ``steps`` steps in ``duration_s``."""
@@ -47,6 +49,11 @@ class TokenGapLog:
         self.spans.append((engine, request.index, start, end))
         if request.span_pause > PAUSE_TOLERANCE_S:
             self.pauses.append((engine, request.index, start, request.span_pause))
+        request.last_token_time = now
+
+    def lone_token(self, request, now: float) -> None:
+        """``request`` gets a token at ``now`` outside a decode segment, between two spans."""
+        self.lone_gaps.append((request.index, now - request.last_token_time))
         request.last_token_time = now
 
     def gaps(self, selected: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -71,6 +78,8 @@ class TokenGapLog:
             np.add.at(count, segments, -1.0)  # those requests' first gap there is the pause plus the step
             values += [step_s, paused[:, 3] + step_s[segments]]
             weights += [count, np.ones(len(paused))]
-        if not values:
-            return np.zeros(0), np.zeros(0)
+        lone = np.array(self.lone_gaps, dtype=np.float64).reshape(-1, 2)
+        lone = lone[selected[lone[:, 0].astype(np.int64)], 1]
+        values.append(lone)
+        weights.append(np.ones(len(lone)))
         return np.concatenate(values), np.concatenate(weights)
