@@ -1,4 +1,4 @@
-"""The serving study's colocated runs under three KV admissions, every ratio against SGLang's own (issue 26).
+"""The serving study's colocated runs under four KV admissions, every ratio against SGLang's own (issue 26).
 
 A workload of ``serving_study_sharegpt.py`` (``--workload``: the label set's, ``sharegpt-chatgpt`` or
 ``azure-conv``, with that study's clusters and runs: SGLang's prediction-free policies and the
@@ -7,10 +7,12 @@ other two workloads' r̂₀ carry the errors OUTLETS made on the label set) on 4
 instances of 100,000 KV tokens each,
 under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
 ``sglang`` (SGLang 0.5.23's own, ``simulation/sglang_admission.py``) and ``predicted`` (the plugin's
-KV by prediction; without a prediction it reserves in full). Every ratio is to SGLang's default,
-round robin + FCFS under SGLang's admission. Colocated only: ``kv_admission: sglang`` does not
-model SGLang's disaggregated decode instances. Writes ``<workload>-colocated.json`` and ``report.md``,
-one section for each workload written so far.
+KV by prediction; without a prediction it reserves in full), and as a second baseline ``vllm``
+(vLLM 0.34.0's own, ``simulation/vllm_admission.py``) under vLLM's default, round robin + FCFS
+only (vLLM's admission models its FCFS scheduler). Every ratio is to SGLang's default, round robin +
+FCFS under SGLang's admission; the report also gives the plugin's default and SGLang's as ratios to
+vLLM's. Colocated only: neither engine's admission is modelled on disaggregated decode instances.
+Writes ``<workload>-colocated.json`` and ``report.md``, one section for each workload written so far.
 
     .venv/bin/python benchmarks/admission_study.py                           # the label set's, about 2 minutes on one core
     .venv/bin/python benchmarks/admission_study.py --workload azure-conv     # ../shared needed
@@ -37,10 +39,12 @@ from specforge_outlets.simulation.study import summarize  # noqa: E402
 CLUSTER = "colocated x4"
 KV_CAPACITY = 100_000  # per instance, as the serving study's KV-bound set-up
 ADMISSIONS = {"full reservation": KVAdmission.MAX_NEW_TOKENS, "sglang": KVAdmission.SGLANG,
-              "predicted": KVAdmission.PREDICTED}
+              "predicted": KVAdmission.PREDICTED, "vllm": KVAdmission.VLLM}
 RUNS = study.PEER_RUNS + [(f"least-predicted-work + tail-safe | {p}", "least-predicted-work", "tail-safe", p)
                           for p in ("none", "outlets r0")]
 BASELINE = ("sglang", "round-robin + fcfs")  # SGLang's default with SGLang's admission
+VLLM_BASELINE = ("vllm", "round-robin + fcfs")  # vLLM's default with vLLM's admission, its only run here
+DEFAULT = ("predicted", "least-predicted-work + tail-safe | outlets r0")  # the plugin's default
 
 
 def main() -> None:
@@ -58,7 +62,7 @@ def main() -> None:
         cluster = dataclasses.replace(study.cluster_for(CLUSTER, KVAdmission.PREDICTED, KV_CAPACITY), kv_admission=admission)
         for rate in rates:
             trace, cache = work.trace(rate, args.requests, args.seed), {}
-            for label, routing, queue, predictor in RUNS:
+            for label, routing, queue, predictor in runs_under(admission_name):
                 started = time.perf_counter()
                 result = study.run_one(work, trace, cluster, routing, queue, predictor, args.seed, cache)
                 metrics = summarize(result, 800)
@@ -87,26 +91,47 @@ def result_path(output: str, workload: str) -> str:
     return os.path.join(output, f"{workload}-colocated.json")
 
 
+def runs_under(admission_name: str):
+    """The runs of an admission: all of them, but vLLM's default alone under vLLM's."""
+    return [run for run in RUNS if admission_name != VLLM_BASELINE[0] or run[0] == VLLM_BASELINE[1]]
+
+
 def report(workload, rows, rates):
-    """short P99 / long P99 / throughput of every run as ratios to SGLang's default under SGLang's admission."""
+    """short P99 / long P99 / throughput of every run as ratios to SGLang's default under SGLang's admission,
+    then (where vLLM's admission was run) the plugin's default and SGLang's as ratios to vLLM's default."""
     by = {(row["admission"], row["rate_rps"], row["run"]): row for row in rows}
+    header = ["| admission | run | " + " | ".join(f"{rate:g} rps" for rate in rates) + " |",
+              "|---|---|" + "---:|" * len(rates)]
     lines = [f"## {workload}", "", "short P99 / long P99 / throughput as ratios to round robin + FCFS under SGLang's "
-             "admission (retractions in brackets)", "",
-             "| admission | run | " + " | ".join(f"{rate:g} rps" for rate in rates) + " |",
-             "|---|---|" + "---:|" * len(rates)]
+             "admission (retractions in brackets)", ""] + header
     for admission in ADMISSIONS:
-        for label, *_ in RUNS:
-            cells = []
-            for rate in rates:
-                ours, base = by[(admission, rate, label)], by[(BASELINE[0], rate, BASELINE[1])]
-                cells.append(f"{ours['short_p99_s'] / base['short_p99_s']:.2f} / {ours['long_p99_s'] / base['long_p99_s']:.2f}"
-                             f" / {ours['throughput_tok_s'] / base['throughput_tok_s']:.2f} ({ours['retractions']})")
-            lines.append(f"| {admission} | {label.replace('|', chr(92) + '|')} | " + " | ".join(cells) + " |")
-    lines += ["", "| requests/s | " + " | ".join(f"{rate:g}" for rate in rates) + " |", "|---|" + "---:|" * len(rates)]
-    for key, name in (("short_p99_s", "baseline short P99 s"), ("long_p99_s", "baseline long P99 s"),
-                      ("throughput_tok_s", "baseline tok/s")):
-        lines.append(f"| {name} | " + " | ".join(f"{by[(BASELINE[0], rate, BASELINE[1])][key]:.1f}" for rate in rates) + " |")
+        lines += [ratio_row(by, admission, label, rates, BASELINE) for label, *_ in runs_under(admission)
+                  if (admission, rates[0], label) in by]
+    lines += baseline_table(by, rates, BASELINE, "baseline")
+    if (VLLM_BASELINE[0], rates[0], VLLM_BASELINE[1]) in by:
+        lines += ["", "The plugin's default and SGLang's as ratios to vLLM's, round robin + FCFS under vLLM's admission "
+                  "(retractions in brackets; vLLM's preemptions are in its row above)", ""] + header
+        lines += [ratio_row(by, *run, rates, VLLM_BASELINE) for run in (DEFAULT, BASELINE)]
+        lines += baseline_table(by, rates, VLLM_BASELINE, "vLLM baseline")
     return lines + [""]
+
+
+def ratio_row(by, admission, label, rates, baseline):
+    """A run's short P99 / long P99 / throughput as ratios to ``baseline``'s, retractions in brackets."""
+    cells = []
+    for rate in rates:
+        ours, base = by[(admission, rate, label)], by[(baseline[0], rate, baseline[1])]
+        cells.append(f"{ours['short_p99_s'] / base['short_p99_s']:.2f} / {ours['long_p99_s'] / base['long_p99_s']:.2f}"
+                     f" / {ours['throughput_tok_s'] / base['throughput_tok_s']:.2f} ({ours['retractions']})")
+    return f"| {admission} | {label.replace('|', chr(92) + '|')} | " + " | ".join(cells) + " |"
+
+
+def baseline_table(by, rates, baseline, name):
+    """``baseline``'s own short P99, long P99 and throughput at every rate."""
+    lines = ["", "| requests/s | " + " | ".join(f"{rate:g}" for rate in rates) + " |", "|---|" + "---:|" * len(rates)]
+    for key, what in (("short_p99_s", "short P99 s"), ("long_p99_s", "long P99 s"), ("throughput_tok_s", "tok/s")):
+        lines.append(f"| {name} {what} | " + " | ".join(f"{by[(baseline[0], rate, baseline[1])][key]:.1f}" for rate in rates) + " |")
+    return lines
 
 
 if __name__ == "__main__":
