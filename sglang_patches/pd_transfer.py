@@ -28,16 +28,17 @@ logger = logging.getLogger("sglang_patches")
 _warned = False  # the first request without a prediction is logged, the rest only counted
 
 PREDICTION_SLOT = 15  # of MetadataBuffers.output_token_logprobs_val's 16 per request; SGLang uses slot 0
-NO_PREDICTION = 0.0  # what the prefill writes for a request it has not predicted (never a real length)
+NO_PREDICTION = 0.0  # what the prefill writes for a request it has not predicted
+SMALLEST_SENT = 1e-3  # a predicted 0 (the head's floor) is sent as this, so that it is not read as "none"
 SOURCE = "prefill"  # the prediction source the decode instance records
 
 
 def sent_prediction(req) -> float:
     """What the prefill instance writes for ``req``: its own prediction, or :data:`NO_PREDICTION`."""
     value = P.prediction(req)
-    if value is None or P.prediction_source(req) == "prior" or not math.isfinite(value) or value <= 0:
+    if value is None or P.prediction_source(req) == "prior" or not math.isfinite(value) or value < 0:
         return NO_PREDICTION
-    return float(value)
+    return max(float(value), SMALLEST_SENT)
 
 
 def receive_prediction(req, value: float, config) -> None:

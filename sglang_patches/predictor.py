@@ -143,7 +143,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         if P.prediction(req) is not None or getattr(req, "output_ids", None):
             continue  # predicted already, or a decode step in a mixed batch
         features: Optional[list] = getattr(req, ATTR_FEATURES, None)
-        if features is None:
+        if features is None or prefix_lens[index] == 0:  # a prefill from the start, or restarted after a reset
             features = []
             setattr(req, ATTR_FEATURES, features)
         if capture is None or capture.shape[0] < offset:

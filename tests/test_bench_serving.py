@@ -485,6 +485,14 @@ def test_end_at_output_len_processor_forbids_the_stop_token_before_the_length_an
     row = [{**end_at_params(3, stop_token_id=2), "__req__": handed_over}]
     assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == no_stop
     assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == stop_only
+    # retracted with a token in flight (overlap scheduling): counted, then dropped; the count restarts from output_ids
+    retracted = SimpleNamespace(output_ids=[], retraction_count=0)
+    row = [{**end_at_params(3, stop_token_id=2), "__req__": retracted}]
+    for _ in range(2):
+        assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == no_stop
+    retracted.output_ids, retracted.retraction_count = [11], 1  # the second token never landed
+    assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == no_stop  # the second, again
+    assert EndAtOutputLength()(torch.zeros(1, 5), row)[0].tolist() == stop_only
 
 
 def test_oracle_prediction_sends_the_exact_length_to_the_plugin(tmp_path, stub, capsys):

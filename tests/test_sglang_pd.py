@@ -33,6 +33,8 @@ PRIOR = 256.0
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the prefill's draft raise for prompts starting with these ids
 POLL_S = LOAD_POLL_INTERVAL_S
 BURST, BURST_TOKENS = 6, 5  # the requests sent while one decode instance is busy
+# Mooncake's sessions and the bootstrap on loopback (SGLang takes the host's first NIC address otherwise)
+PD_ENV = {"SGLANG_HOST_IP": "127.0.0.1"}
 # SGLang's CPU work-arounds for PD (../shared/notes/pd-and-router.md); --dtype float32 as the offline reference
 PD_ARGS = ["--disaggregation-transfer-backend", "mooncake_tcp", "--disable-overlap-schedule", "--dtype", "float32"]
 DECODE_ARGS = ["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "cpu_tensor",
@@ -58,9 +60,10 @@ def prefill_req(index: int, prediction=None, source="draft"):
 
 def test_the_prefills_prediction_rides_the_metadata_row_and_a_missing_one_is_written_as_zero(metadata_row,
                                                                                                monkeypatch):
-    for req in (prefill_req(0, 123.5), prefill_req(1, PRIOR, "prior"), prefill_req(2), prefill_req(3, 77.0)):
+    for req in (prefill_req(0, 123.5), prefill_req(1, PRIOR, "prior"), prefill_req(2), prefill_req(3, 0.0)):
         pd_transfer.set_buf_after(None, metadata_row, req)
-    assert metadata_row.output_token_logprobs_val[:, pd_transfer.PREDICTION_SLOT].tolist() == [123.5, 0.0, 0.0, 77.0]
+    sent = metadata_row.output_token_logprobs_val[:, pd_transfer.PREDICTION_SLOT].tolist()
+    assert sent[:3] == [123.5, 0.0, 0.0] and sent[3] == pytest.approx(pd_transfer.SMALLEST_SENT)  # a predicted 0 is not "none"
     pd_transfer.set_buf_after(None, metadata_row, prefill_req(3))  # a reused row is overwritten, predicted or not
     assert metadata_row.output_token_logprobs_val[3, pd_transfer.PREDICTION_SLOT].item() == 0.0
     # the decode reads the row SGLang transferred, at commit, under an outlets policy
@@ -128,9 +131,9 @@ def pd_cluster(chat_target, outlets_export, tmp_path_factory):
     prefill = SGLangServer(chat_target, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                                          str(bootstrap), "--outlets-draft-path", outlets_export,
                                          "--disable-radix-cache", *PD_ARGS],
-                           log_path=str(log_dir / "prefill.log"), fail_prompt=FAIL_PROMPT, pd_cpu=True)
-    decodes = [SGLangServer(chat_target, [*DECODE_ARGS, *PD_ARGS], log_path=str(log_dir / f"decode{index}.log"),
-                            pd_cpu=True) for index in range(2)]
+                           env=PD_ENV, log_path=str(log_dir / "prefill.log"), fail_prompt=FAIL_PROMPT, pd_cpu=True)
+    decodes = [SGLangServer(chat_target, [*DECODE_ARGS, *PD_ARGS], env=PD_ENV,
+                            log_path=str(log_dir / f"decode{index}.log"), pd_cpu=True) for index in range(2)]
     servers = [prefill, *decodes]
     router = SGLangRouter(pd_router_args(prefill.url, bootstrap, [decode.url for decode in decodes], "power_of_two",
                                          POLL_S), log_path=str(log_dir / "router.log"))
@@ -160,7 +163,7 @@ def test_the_decode_instance_holds_the_prefills_prediction(pd_cluster, chat_targ
         # made on the prefill, sent as float32, reported by the decode (meta_info rounds to 3 decimals)
         assert value == pytest.approx(reference, rel=1e-4, abs=2e-3), (prompt, first, value, reference)
     assert len({round(value) for _, _, value in served}) == len(served)
-    assert all("no prediction arrived" not in decode.log_text() for decode in pd_cluster.decodes)
+    assert all("without a prediction" not in decode.log_text() for decode in pd_cluster.decodes)
 
 
 def test_pd_greedy_output_equals_the_models_own(pd_cluster, chat_target):

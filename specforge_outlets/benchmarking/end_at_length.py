@@ -28,6 +28,8 @@ STOP_TOKEN_PARAM = "outlets_end_token_id"
 REQUEST_PARAM = "__req__"
 # tokens sampled so far for the request, counted on it by the processor
 SAMPLED_ATTR = "outlets_end_at_sampled"
+# the request's retraction_count when the count was last taken from its output_ids
+RETRACTIONS_ATTR = "outlets_end_at_retractions"
 
 
 class EndAtOutputLength:
@@ -36,8 +38,12 @@ class EndAtOutputLength:
     It counts its own calls per request (one per sampled token) instead of reading
     ``len(req.output_ids)``: under SGLang's overlap scheduler the previous step's token is not yet
     in ``output_ids`` when the next step samples, which ended requests one token late. The count
-    starts from the tokens the request already holds at its first call on this instance: none on a
-    single server, the prefill's first token on a PD decode instance (it was sampled elsewhere).
+    starts from the tokens the request already holds at its first call on this instance (none on a
+    single server, the prefill's first token on a PD decode instance: it was sampled elsewhere), and
+    starts again from them after a retraction (a token in flight when the request was retracted was
+    counted but dropped). Not handled: chunked prefill samples (and discards) a token per chunk, so
+    a prompt prefilled in k chunks ends k - 1 tokens early; keep prompts under
+    ``--chunked-prefill-size`` (the studies' prompts are under its 4,096-token CPU default).
     """
 
     def __call__(self, logits, custom_param_list: Optional[List[Optional[Dict[str, Any]]]] = None):
@@ -46,8 +52,10 @@ class EndAtOutputLength:
                 continue
             stop, req = params[STOP_TOKEN_PARAM], params[REQUEST_PARAM]
             sampled = getattr(req, SAMPLED_ATTR, None)
-            if sampled is None:
+            retractions = getattr(req, "retraction_count", 0)
+            if sampled is None or getattr(req, RETRACTIONS_ATTR, 0) != retractions:
                 sampled = len(getattr(req, "output_ids", None) or ())
+                setattr(req, RETRACTIONS_ATTR, retractions)
             sampling = sampled + 1  # the number of the token this step samples
             setattr(req, SAMPLED_ATTR, sampling)
             if sampling >= params[OUTPUT_LEN_PARAM]:

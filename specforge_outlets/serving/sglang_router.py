@@ -27,15 +27,19 @@ class SGLangRouter:
 
     def __init__(self, args: Sequence[str], python: str = sys.executable, log_path: Optional[str] = None,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-                        "--prometheus-port", str(free_port()), *args]
-        self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-router-{self.port}.log")
+        self.python, self.args = python, list(args)
+        self.log_path = log_path
         self.start_timeout_s = start_timeout_s
+        self.url: Optional[str] = None  # known once started
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> "SGLangRouter":
+        # Ports taken now, not at construction: servers started in between pick ports of their own.
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.command = [self.python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                        "--prometheus-port", str(free_port()), *self.args]
+        self.log_path = self.log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang-router-{port}.log")
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout_s
