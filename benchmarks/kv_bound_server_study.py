@@ -219,21 +219,27 @@ METRICS = (  # (column, path in summary.json's metrics)
 )
 
 
+def finished_runs(directories) -> List[dict]:
+    """The report's metrics and retraction count of each finished run among ``directories`` (unfinished: skipped)."""
+    runs = []
+    for out in directories:
+        if not os.path.exists(os.path.join(out, "summary.json")):
+            continue
+        metrics = read_summary(out)["runs"][0]["metrics"]
+        with open(os.path.join(out, "retractions.json")) as handle:
+            retracted = json.load(handle)["retracted"]
+        runs.append({"metrics": {column: metric(metrics, path) for column, path in METRICS},
+                     "retracted": retracted, "requests": metrics["all"]["requests"],
+                     "failed": metrics["all"]["failed"]})
+    return runs
+
+
 def report(args) -> None:
     rows = []
     for server_name in SERVERS:
         for predictor in predictors_of(server_name):
-            runs = []
-            for repetition in range(args.repetitions):
-                out = run_dir(args, server_name, predictor, repetition)
-                if not os.path.exists(os.path.join(out, "summary.json")):
-                    continue
-                metrics = read_summary(out)["runs"][0]["metrics"]
-                with open(os.path.join(out, "retractions.json")) as handle:
-                    retracted = json.load(handle)["retracted"]
-                runs.append({"metrics": {column: metric(metrics, path) for column, path in METRICS},
-                             "retracted": retracted, "requests": metrics["all"]["requests"],
-                             "failed": metrics["all"]["failed"]})
+            runs = finished_runs(run_dir(args, server_name, predictor, repetition)
+                                 for repetition in range(args.repetitions))
             if runs:
                 rows.append({"server": server_name, "predictor": predictor, "runs": runs})
     if not rows:

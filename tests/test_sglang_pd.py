@@ -26,7 +26,7 @@ from sglang_patches import pd_transfer, predictions as P, state  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter, pd_router_args  # noqa: E402
 from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
-from tests.sglang_harness.offline_reference import PROMPTS, in_training_env  # noqa: E402
+from tests.sglang_harness.offline_reference import PROMPTS, offline_r0  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
 
 PRIOR = 256.0
@@ -156,9 +156,7 @@ def test_the_decode_instance_holds_the_prefills_prediction(pd_cluster, chat_targ
             "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
         assert len(response["output_ids"]) == 3
         served.append((prompt, response["output_ids"][0], response["meta_info"]["predicted_output_len"]))
-    cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps([{"prompt_ids": p, "first_token": t} for p, t, _ in served]))
-    offline = json.loads(in_training_env("predict", outlets_export, chat_target, str(cases)))
+    offline = offline_r0(outlets_export, chat_target, served, str(tmp_path))
     for (prompt, first, value), reference in zip(served, offline):
         # made on the prefill, sent as float32, reported by the decode (meta_info rounds to 3 decimals)
         assert value == pytest.approx(reference, rel=1e-4, abs=2e-3), (prompt, first, value, reference)

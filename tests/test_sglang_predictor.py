@@ -5,14 +5,13 @@ environment (.venv, SpecForge) through tests/sglang_harness/offline_reference.py
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.sglang_harness.offline_reference import PROMPTS, in_training_env  # noqa: E402
+from tests.sglang_harness.offline_reference import PROMPTS, offline_r0  # noqa: E402
 from tests.sglang_harness.server import start_server  # noqa: E402
 
 PRIOR = 256.0
@@ -33,9 +32,7 @@ def test_r0_equals_the_offline_prediction_of_the_export(server, chat_target, out
     for prompt in PROMPTS:
         response = server.generate(input_ids=prompt, max_new_tokens=2)
         served.append((prompt, response["output_ids"][0], response["meta_info"]["predicted_output_len"]))
-    cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps([{"prompt_ids": p, "first_token": t} for p, t, _ in served]))
-    offline = json.loads(in_training_env("predict", outlets_export, chat_target, str(cases)))
+    offline = offline_r0(outlets_export, chat_target, served, str(tmp_path))
     for (prompt, first, value), reference in zip(served, offline):
         # Same prompt, same first token; float32 on both sides. meta_info rounds to 3 decimals.
         assert value == pytest.approx(reference, rel=1e-4, abs=2e-3), (prompt, first, value, reference)

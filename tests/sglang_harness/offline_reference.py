@@ -44,6 +44,14 @@ def in_training_env(*args) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+def offline_r0(export: str, target: str, served: list, directory: str) -> list:
+    """The export's offline r̂_0 for each served ``(prompt_ids, first_token, ...)``, from the training environment."""
+    cases = os.path.join(directory, "cases.json")
+    with open(cases, "w") as handle:
+        json.dump([{"prompt_ids": prompt, "first_token": first} for prompt, first, *_ in served], handle)
+    return json.loads(in_training_env("predict", export, target, cases))
+
+
 def make_export(target: str, out: str) -> str:
     import torch
     from transformers import AutoConfig, LlamaConfig
