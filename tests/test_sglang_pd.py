@@ -28,6 +28,7 @@ from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLang
 from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
 from tests.sglang_harness.offline_reference import PROMPTS, offline_r0  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
+from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
 
 PRIOR = 256.0
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the prefill's draft raise for prompts starting with these ids
@@ -52,7 +53,7 @@ def metadata_row(monkeypatch):
 
 
 def prefill_req(index: int, prediction=None, source="draft"):
-    req = SimpleNamespace(rid=f"r{index}", metadata_buffer_index=index)
+    req = StandInReq(rid=f"r{index}", metadata_buffer_index=index)
     if prediction is not None:
         P.set_prediction(req, prediction, source)
     return req
@@ -70,15 +71,15 @@ def test_the_prefills_prediction_rides_the_metadata_row_and_a_missing_one_is_wri
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     monkeypatch.setattr(state, "settings", lambda: SimpleNamespace(scheduling=SchedulingConfig(prior_output_len=PRIOR)))
     queue = SimpleNamespace(metadata_buffers=metadata_row)
-    arrived = SimpleNamespace(rid="d0", finished_reason=None, sampling_params=None, output_ids=[], bootstrap_host="h")
+    arrived = StandInReq(rid="d0", finished_reason=None, sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=arrived, metadata_buffer_index=0))
     assert (P.prediction(arrived), P.prediction_source(arrived)) == (123.5, "prefill")
-    aborted = SimpleNamespace(rid="d1", finished_reason="abort", sampling_params=None, output_ids=[], bootstrap_host="h")
+    aborted = StandInReq(rid="d1", finished_reason="abort", sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=aborted, metadata_buffer_index=0))
     assert P.prediction(aborted) is None
     from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
 
-    health_check = SimpleNamespace(rid="HEALTH_CHECK_1", finished_reason=None, sampling_params=None, output_ids=[],
+    health_check = StandInReq(rid="HEALTH_CHECK_1", finished_reason=None, sampling_params=None, output_ids=[],
                                    bootstrap_host=FAKE_BOOTSTRAP_HOST)  # no prefill behind it: nothing to read
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=health_check, metadata_buffer_index=0))
     assert P.prediction(health_check) is None
@@ -90,7 +91,7 @@ def test_the_decode_takes_the_requests_own_prediction_then_the_prefills_then_the
     monkeypatch.setattr(state.metrics(), "transfer_without_prediction", lambda: counted.append(1))
 
     def decode_req(custom=None):
-        return SimpleNamespace(rid="d", sampling_params=SimpleNamespace(custom_params=custom), output_ids=[])
+        return StandInReq(rid="d", sampling_params=SimpleNamespace(custom_params=custom), output_ids=[])
 
     req = decode_req()
     pd_transfer.receive_prediction(req, 123.5, config)

@@ -25,6 +25,7 @@ if STUBS not in sys.path:
 
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
 from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, speculative, state  # noqa: E402
+from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
     ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
@@ -58,13 +59,6 @@ def clean_env(monkeypatch):
     state.reset_settings()
     yield
     state.reset_settings()
-
-
-class StandInReq(SimpleNamespace):
-    """A stand-in ``Req``: hashed and compared by identity, as SGLang's is (the order keeps keys by request)."""
-
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
 
 
 def request(rid, predicted=None, arrival=0.0, generated=0, custom=None):
