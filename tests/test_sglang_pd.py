@@ -218,9 +218,12 @@ def test_the_router_sends_new_requests_to_the_decode_instance_with_less_predicte
     # still busy now, so busy at the router's last poll too: the burst is dispatched on that view
     assert json.loads(pd_cluster.decodes[busy].get("/get_load"))[0]["num_tokens"] > 1000, "lengthen the blocker"
     before = decoded_tokens(idle)
+    # each predicted at a few tokens: a router poll in the middle of the burst then still finds the idle instance
+    # far below the busy one (the draft's own r0 for these prompts could add up past it)
     burst = [threading.Thread(target=post, args=(f"{pd_cluster.url}/generate", {
-        "input_ids": PROMPTS[1 + index % 2], "sampling_params": {
-            "max_new_tokens": BURST_TOKENS, "temperature": 0, "ignore_eos": True}})) for index in range(BURST)]
+        "input_ids": PROMPTS[1 + index % 2], "custom_labels": {"outlets_predicted_output_len": str(BURST_TOKENS)},
+        "sampling_params": {"max_new_tokens": BURST_TOKENS, "temperature": 0, "ignore_eos": True}}))
+        for index in range(BURST)]
     for request in burst:
         request.start()
     for request in burst:
