@@ -9,11 +9,11 @@ import pytest
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import SchedulingConfig
-from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation.cluster import cluster_config_from_dict
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from tests.binding_cache import binding_cluster, binding_trace
 
 
 def test_sglang_admission_is_refused_for_disaggregated_decode_instances():
@@ -23,13 +23,7 @@ def test_sglang_admission_is_refused_for_disaggregated_decode_instances():
 
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "lof", "shortest-prefill-first", "hrrn"])
 def test_every_request_finishes_under_sglang_admission_in_a_cache_that_binds(queue):
-    rng = np.random.default_rng(2)
-    count = 300
-    trace = Trace("bound", [str(i) for i in range(count)], np.sort(rng.uniform(0, 5, count)),
-                  rng.integers(20, 1500, count), np.where(rng.random(count) < 0.2, rng.integers(500, 2000, count),
-                                                          rng.integers(2, 200, count)))
-    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 2, "kv_capacity_tokens": 12_000,
-                                        "max_new_tokens": 1024, "kv_admission": "sglang"}, "test")
+    trace, cluster = binding_trace(), binding_cluster("sglang")
     result = Simulation(trace, predict_lengths(PredictorKind.NOISY, trace, 0), cluster,
                         Policy(routing_policy("round-robin"), queue_policy(queue)), SchedulingConfig()).run()
     assert np.isfinite(result.finish_times).all() and (result.finish_times >= result.first_token_times).all()

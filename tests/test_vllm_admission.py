@@ -22,6 +22,7 @@ from specforge_outlets.simulation.cluster import cluster_config_from_dict
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
 from specforge_outlets.simulation.predictors import PredictorKind
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from tests.binding_cache import binding_cluster, binding_trace
 from specforge_outlets.simulation.study import StudyPlan, run_study
 
 BLOCK = vllm_admission.BLOCK_SIZE
@@ -197,14 +198,8 @@ def test_a_study_under_vllm_admission_is_refused_before_it_runs_an_order_vllm_la
 
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
 def test_every_request_finishes_under_vllm_admission_in_a_cache_that_binds(routing):
-    rng = np.random.default_rng(2)
-    count = 300
-    trace = Trace("bound", [str(i) for i in range(count)], np.sort(rng.uniform(0, 5, count)),
-                  rng.integers(20, 1500, count), np.where(rng.random(count) < 0.2, rng.integers(500, 2000, count),
-                                                          rng.integers(2, 200, count)))
-    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 2, "kv_capacity_tokens": 12_000,
-                                        "max_new_tokens": 1024, "kv_admission": "vllm"}, "test")
-    result = Simulation(trace, [None] * count, cluster, Policy(routing_policy(routing), queue_policy("fcfs")),
+    trace, cluster = binding_trace(), binding_cluster("vllm")
+    result = Simulation(trace, [None] * len(trace.ids), cluster, Policy(routing_policy(routing), queue_policy("fcfs")),
                         SchedulingConfig()).run()
     assert np.isfinite(result.finish_times).all() and (result.finish_times >= result.first_token_times).all()
     assert result.retractions.sum() > 0  # nothing reserved ahead: the cache overflows and vLLM preempts
