@@ -20,17 +20,34 @@ order never changes while they wait and a heap can hold the keys. Because every 
 (:func:`aging_window_s`). A waiting request is therefore overtaken only by requests that arrive
 within a bounded window, and waits at most as long as it would under FCFS had it arrived that
 window later. With ``rate = 0`` the key is plain SJF and there is no bound.
+
+Distributions (issue 27). A request may also carry ``predicted_output_quantiles``, quantiles of its
+total output length at ``SchedulingConfig.quantile_levels`` (:mod:`.length_distribution`). The SJF
+key can then order by what that distribution says (``order_key``: its mean remaining length, a
+risk-adjusted mean + beta x CVaR_0.9, the Gittins rank, or the KV footprint of the decode), and the
+tail-safe class can be set by an upper quantile (``long_class_quantile``). A request without
+quantiles is a point mass at its point prediction (or the prior), so with the defaults (``point``,
+no quantile) every key is what it was.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
 import struct
 from array import array
 from dataclasses import dataclass
+from enum import Enum
 from typing import List, Optional, Sequence, Tuple
+
+# MIN_PREDICTED_REMAINING lives with the distributions (the lower module) and is re-exported here
+from specforge_outlets.scheduling.length_distribution import (
+    DEFAULT_QUANTILE_LEVELS,
+    MIN_PREDICTED_REMAINING,
+    LengthDistribution,
+)
 
 # Output length assumed for a request that has no prediction (none yet, or the predictor
 # failed), so that it is neither starved nor favoured. 256 tokens is near the mean output
@@ -57,9 +74,35 @@ DEFAULT_LONG_HOLDBACK = 0.05
 # is kept while any other running request can go, so it cannot be retracted over and over.
 DEFAULT_MAX_RETRACTIONS = 2
 
-# Floor of the predicted remaining length: a request that has already generated more tokens
-# than predicted is taken to be about to finish, not to have negative work left.
-MIN_PREDICTED_REMAINING = 1.0
+# Weight of the tail term of the risk order key, E[R] + beta * CVaR_0.9[R] (TIE, Zheng et al.
+# 2026, order by E + beta x CVaR_0.9). TIE raises beta with the queue's length; here it is fixed,
+# because the SJF queue computes a waiting request's key once (a heap, and the plugin's cached keys)
+# and a key that moved with the queue would re-sort every request every round. 1.0 weighs the
+# expected length and the tail's mean alike.
+DEFAULT_RISK_BETA = 1.0
+
+# Tail of the risk key: CVaR at this level is the mean of the upper 10% of the remaining length.
+RISK_TAIL_LEVEL = 0.9
+
+# KV context (tokens) that converts the kv-footprint key, E[(prompt + g + R/2) R] in token-steps, into
+# tokens of output at that context, the unit the aging rate is in: a footprint key divided by it
+# ages by aging_tokens_per_s per second as the other keys do. 1024 is about a chat request's prompt
+# plus half its output; for long-context traces set it near their mean context, or aging weighs less.
+DEFAULT_FOOTPRINT_CONTEXT_TOKENS = 1024.0
+
+# Distributions a process keeps built for the keys (a request's quantiles are the same tuple for
+# every key it gets while waiting); about 5 kB each.
+DISTRIBUTION_CACHE_SIZE = 4096
+
+
+class OrderKey(str, Enum):
+    """What the SJF queue orders by, smaller first (each plus aging)."""
+
+    POINT = "point"  # the point prediction's remaining length (the method's SJF)
+    MEAN = "mean"  # E[R] of the predicted distribution
+    RISK = "risk"  # E[R] + risk_beta * CVaR_0.9[R] (TIE)
+    GITTINS = "gittins"  # the inverse Gittins index of R: optimal mean response time for known distributions
+    KV_FOOTPRINT = "kv-footprint"  # E[(prompt + g + R/2) R] / footprint_context_tokens: KV held over the decode
 
 
 @dataclass(frozen=True)
@@ -71,6 +114,13 @@ class SchedulingConfig:
     long_output_len: float = DEFAULT_LONG_OUTPUT_LEN  # tail-safe
     long_holdback: float = DEFAULT_LONG_HOLDBACK  # tail-safe
     max_retractions: int = DEFAULT_MAX_RETRACTIONS  # retraction order
+    order_key: OrderKey = OrderKey.POINT  # SJF: what it orders by
+    risk_beta: float = DEFAULT_RISK_BETA  # SJF with order_key risk
+    footprint_context_tokens: float = DEFAULT_FOOTPRINT_CONTEXT_TOKENS  # SJF with order_key kv-footprint
+    # tail-safe: None, the long class by the point prediction; a level q, by the q-quantile of the remaining length
+    long_class_quantile: Optional[float] = None
+    # levels of a request's predicted_output_quantiles (total-length tokens, one per level)
+    quantile_levels: Tuple[float, ...] = DEFAULT_QUANTILE_LEVELS
 
     def __post_init__(self) -> None:
         if not (self.prior_output_len > 0 and math.isfinite(self.prior_output_len)):
@@ -83,6 +133,29 @@ class SchedulingConfig:
             raise ValueError(f"long_holdback must be >= 0, got {self.long_holdback}")
         if isinstance(self.max_retractions, bool) or not isinstance(self.max_retractions, int) or self.max_retractions < 1:
             raise ValueError(f"max_retractions must be a positive integer, got {self.max_retractions!r}")
+        try:
+            object.__setattr__(self, "order_key", OrderKey(self.order_key))
+        except ValueError:
+            raise ValueError(f"order_key must be one of {', '.join(key.value for key in OrderKey)}, "
+                             f"got {self.order_key!r}") from None
+        if not (self.risk_beta >= 0 and math.isfinite(self.risk_beta)):
+            raise ValueError(f"risk_beta must be >= 0, got {self.risk_beta}")
+        if not (self.footprint_context_tokens > 0 and math.isfinite(self.footprint_context_tokens)):
+            raise ValueError(f"footprint_context_tokens must be a positive number, got {self.footprint_context_tokens}")
+        if self.long_class_quantile is not None and not (0 < self.long_class_quantile < 1):
+            raise ValueError(f"long_class_quantile must be None or strictly between 0 and 1, "
+                             f"got {self.long_class_quantile!r}")
+        levels = tuple(self.quantile_levels)
+        try:
+            LengthDistribution(levels, tuple(range(1, len(levels) + 1)))
+        except ValueError as error:
+            raise ValueError(f"quantile_levels: {error}") from None
+        object.__setattr__(self, "quantile_levels", tuple(float(level) for level in levels))
+
+    @property
+    def uses_distribution(self) -> bool:
+        """Whether the keys read a request's predicted distribution, not only its point prediction."""
+        return self.order_key is not OrderKey.POINT or self.long_class_quantile is not None
 
 
 def predicted_remaining(
@@ -93,14 +166,66 @@ def predicted_remaining(
     return max(total - num_generated_tokens, MIN_PREDICTED_REMAINING)
 
 
+@functools.lru_cache(maxsize=DISTRIBUTION_CACHE_SIZE)
+def _distribution(levels: Tuple[float, ...], quantiles: Tuple[float, ...]) -> LengthDistribution:
+    return LengthDistribution(levels, quantiles)
+
+
+@functools.lru_cache(maxsize=DISTRIBUTION_CACHE_SIZE)
+def _point_distribution(total: float) -> LengthDistribution:
+    return LengthDistribution.point(total)
+
+
+def request_distribution(
+    predicted_output_len: Optional[float], predicted_output_quantiles: Optional[Sequence[float]],
+    config: SchedulingConfig,
+) -> LengthDistribution:
+    """A request's predicted total-length distribution: its quantiles at ``config.quantile_levels``;
+    without them a point mass at its point prediction; without that at the prior (as the point keys)."""
+    if predicted_output_quantiles is not None:
+        return _distribution(config.quantile_levels, tuple(predicted_output_quantiles))
+    total = config.prior_output_len if predicted_output_len is None else predicted_output_len
+    return _point_distribution(float(total))
+
+
+def distribution_order_value(
+    distribution: LengthDistribution, num_generated_tokens: int, prompt_len: float, config: SchedulingConfig
+) -> float:
+    """The SJF key's size term under ``config.order_key`` (not POINT), before aging."""
+    key = config.order_key
+    if key is OrderKey.MEAN:
+        return distribution.mean_remaining(num_generated_tokens)
+    if key is OrderKey.RISK:
+        return (distribution.mean_remaining(num_generated_tokens)
+                + config.risk_beta * distribution.cvar_remaining(RISK_TAIL_LEVEL, num_generated_tokens))
+    if key is OrderKey.GITTINS:
+        return distribution.gittins_rank(num_generated_tokens)
+    if key is OrderKey.KV_FOOTPRINT:
+        return distribution.kv_footprint(prompt_len, num_generated_tokens) / config.footprint_context_tokens
+    raise ValueError(f"order key {key!r} reads no distribution")
+
+
 def sjf_sort_key(
     predicted_output_len: Optional[float],
     num_generated_tokens: int,
     arrival_time: float,
     config: SchedulingConfig,
+    predicted_output_quantiles: Optional[Sequence[float]] = None,
+    prompt_len: float = 0.0,
 ) -> Tuple[float, float]:
-    """Ascending sort key: aged predicted remaining length, ties by arrival (earlier first)."""
-    remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    """Ascending sort key: aged predicted remaining length, ties by arrival (earlier first).
+
+    With ``config.order_key`` other than ``point`` the size term is read from the request's
+    distribution (:func:`request_distribution`: its quantiles, else a point mass at its point
+    prediction or the prior) and aged the same way; ``prompt_len`` is read by ``kv-footprint`` only.
+    For a point mass ``mean`` and ``gittins`` equal ``point``; ``risk`` is (1 + beta) x it, so its
+    aging is 1 / (1 + beta) as strong; the aging bound of :func:`aging_window_s` is the point key's.
+    """
+    if config.order_key is OrderKey.POINT:
+        remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    else:
+        distribution = request_distribution(predicted_output_len, predicted_output_quantiles, config)
+        remaining = distribution_order_value(distribution, num_generated_tokens, prompt_len, config)
     return remaining + config.aging_tokens_per_s * arrival_time, arrival_time
 
 
@@ -127,10 +252,20 @@ def retraction_order_key(
 
 
 def is_predicted_long(
-    predicted_output_len: Optional[float], num_generated_tokens: int, config: SchedulingConfig
+    predicted_output_len: Optional[float], num_generated_tokens: int, config: SchedulingConfig,
+    predicted_output_quantiles: Optional[Sequence[float]] = None,
 ) -> bool:
-    """Whether a request belongs to the long class of the tail-safe key (the prior if unknown)."""
-    remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    """Whether a request belongs to the long class of the tail-safe key (the prior if unknown).
+
+    With ``config.long_class_quantile`` q set, by the q-quantile of its remaining length (tail-safe
+    by an upper quantile: a request that may well run long waits in the long class); a request
+    without quantiles is a point mass at its point prediction, which gives the point rule.
+    """
+    if config.long_class_quantile is None:
+        remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
+    else:
+        distribution = request_distribution(predicted_output_len, predicted_output_quantiles, config)
+        remaining = distribution.quantile_remaining(config.long_class_quantile, num_generated_tokens)
     return remaining >= config.long_output_len
 
 

@@ -6,6 +6,11 @@ shorter, so fewer requests run at once than fit. With a length prediction the re
 the predicted remaining length plus a safety margin; a request that outgrows it is caught by the
 engine's retraction (longest predicted remaining first, :func:`retraction_order_key`). Shared by the
 simulator (``kv_admission: predicted``) and the SGLang plugin (``--outlets-kv-margin``).
+
+With a predicted distribution the reservation can instead be a chosen quantile of the remaining
+length (:func:`quantile_output_budget`; the simulator's ``kv_admission: quantile``): a margin on the
+mean is the same share for a request the predictor is sure of as for one it is not, a quantile
+reserves more for the uncertain ones, whose tails cause the retractions.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ import math
 from typing import Optional
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, predicted_remaining
+from specforge_outlets.scheduling.length_distribution import LengthDistribution
 
 # Share of the predicted remaining length reserved on top of it. In the simulator (Azure conversation
 # and heavy-tailed outputs, exact to doubled-error predictions) 0.2 retracted 1 request in 48 FCFS and
 # tail-safe runs and gave up to 1% more throughput than 0.5 (docs/results.md, "KV admission by
 # prediction in the simulator"; benchmarks/tail_safe_sweep.py --kv-admission predicted --kv-margin M).
 DEFAULT_KV_MARGIN = 0.2
+
+# Quantile of the predicted remaining length reserved by quantile admission: the upper decile, so
+# that about one request in ten outgrows its reservation if the quantiles are calibrated (the
+# retraction then catches it), as issue 27's q90 coverage target.
+DEFAULT_KV_QUANTILE = 0.9
 
 
 def predicted_output_budget(
@@ -29,3 +40,9 @@ def predicted_output_budget(
     """Output tokens of KV to hold for a request from now on: predicted remaining x (1 + margin), at most ``cap``."""
     remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
     return min(cap, math.ceil(remaining * (1.0 + margin)))
+
+
+def quantile_output_budget(distribution: LengthDistribution, num_generated: int, level: float, cap: int) -> int:
+    """Output tokens of KV to hold from now on: the ``level``-quantile of the remaining length given
+    ``num_generated`` tokens so far (:meth:`LengthDistribution.quantile_remaining`), rounded up, at most ``cap``."""
+    return min(cap, math.ceil(distribution.quantile_remaining(level, num_generated)))

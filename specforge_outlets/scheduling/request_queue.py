@@ -2,7 +2,9 @@
 
 Shaped like vLLM v1's ``request_queue.py``: a policy enum, an abstract queue, one small class per
 policy and a factory. Requests are any objects with the attributes of :class:`SchedulableRequest`
-(the simulator's requests; SGLang ``Req`` objects carry them through the plugin).
+(the simulator's requests; SGLang ``Req`` objects carry them through the plugin), and optionally
+``predicted_output_quantiles`` and a prompt length, which the distribution keys read
+(:func:`request_quantiles`, :func:`request_prompt_len`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from operator import attrgetter
 from typing import Deque, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import (
+    OrderKey,
     SchedulingConfig,
     is_predicted_long,
     sjf_sort_key,
@@ -35,11 +38,46 @@ class QueuePolicy(Enum):
 
 
 class SchedulableRequest(Protocol):
-    """What the ordering key reads from a request."""
+    """What the ordering key reads from a request.
+
+    Optional too: ``predicted_output_quantiles`` (total-length quantiles at the config's
+    ``quantile_levels``, or None) and ``prompt_len`` (or SGLang's ``origin_input_ids``).
+    """
 
     arrival_time: float
     predicted_output_len: Optional[float]
     num_generated_tokens: int
+
+
+def request_quantiles(request: SchedulableRequest) -> Optional[Sequence[float]]:
+    """The request's ``predicted_output_quantiles``, None if it has none (or no such attribute)."""
+    return getattr(request, "predicted_output_quantiles", None)
+
+
+def request_prompt_len(request: SchedulableRequest) -> int:
+    """Prompt tokens of a request: its ``prompt_len`` (the simulator's), else SGLang's ``origin_input_ids``, else 0."""
+    prompt_len = getattr(request, "prompt_len", None)
+    if prompt_len is not None:
+        return prompt_len
+    input_ids = getattr(request, "origin_input_ids", None)
+    return 0 if input_ids is None else len(input_ids)
+
+
+def request_sjf_key(request: SchedulableRequest, config: SchedulingConfig) -> Tuple[float, float]:
+    """:func:`sjf_sort_key` of a request, its distribution and prompt read when the config's order key needs them."""
+    if config.order_key is OrderKey.POINT:
+        return sjf_sort_key(request.predicted_output_len, request.num_generated_tokens, request.arrival_time, config)
+    return sjf_sort_key(request.predicted_output_len, request.num_generated_tokens, request.arrival_time, config,
+                        request_quantiles(request),
+                        request_prompt_len(request) if config.order_key is OrderKey.KV_FOOTPRINT else 0)
+
+
+def request_is_long(request: SchedulableRequest, config: SchedulingConfig) -> bool:
+    """:func:`is_predicted_long` of a request, by its distribution when the config's long class reads one."""
+    if config.long_class_quantile is None:
+        return is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config)
+    return is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config,
+                             request_quantiles(request))
 
 
 class RequestQueue(ABC):
@@ -108,9 +146,7 @@ class SJFRequestQueue(RequestQueue):
         self._counter = itertools.count()  # insertion order breaks exact ties deterministically
 
     def add_request(self, request: SchedulableRequest) -> None:
-        key = sjf_sort_key(
-            request.predicted_output_len, request.num_generated_tokens, request.arrival_time, self._config
-        )
+        key = request_sjf_key(request, self._config)
         heapq.heappush(self._heap, (key, next(self._counter), request))
 
     def pop_request(self, now: float) -> SchedulableRequest:
@@ -141,7 +177,7 @@ class TailSafeRequestQueue(RequestQueue):
         self._counter = itertools.count()
 
     def add_request(self, request: SchedulableRequest) -> None:
-        long = is_predicted_long(request.predicted_output_len, request.num_generated_tokens, self._config)
+        long = request_is_long(request, self._config)
         heapq.heappush(self._long if long else self._short, (request.arrival_time, next(self._counter), request))
 
     def _next_class(self, now: float) -> List[Tuple[float, int, SchedulableRequest]]:
@@ -199,8 +235,7 @@ class RequestKeys:
 
     def sjf(self, request: SchedulableRequest) -> Tuple[float, float]:
         """:func:`sjf_sort_key` of the request."""
-        return sjf_sort_key(
-            request.predicted_output_len, request.num_generated_tokens, request.arrival_time, self.config)
+        return request_sjf_key(request, self.config)
 
     def sorted_by_sjf(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
         """The requests by :meth:`sjf`, ascending; a stable sort, so exact ties stay in list order."""
@@ -209,8 +244,7 @@ class RequestKeys:
     def predicted_long(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
         """The requests of the tail-safe key's long class (:func:`is_predicted_long`), in list order."""
         config = self.config
-        return [request for request in requests
-                if is_predicted_long(request.predicted_output_len, request.num_generated_tokens, config)]
+        return [request for request in requests if request_is_long(request, config)]
 
     def arrivals(self, requests: Sequence[SchedulableRequest]) -> List[float]:
         """The requests' arrival times."""
