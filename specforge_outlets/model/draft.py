@@ -19,6 +19,7 @@ from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import read_outlets_config
 from specforge_outlets.model.gated_attention import add_output_gate
 from specforge_outlets.model.length_head import LengthHead
+from specforge_outlets.model.quantile_head import QuantileHead
 
 DRAFT_ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
 
@@ -33,12 +34,14 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if self.outlets.gated_attention:
             add_output_gate(self.midlayer.self_attn, input_size=2 * config.hidden_size)
         self.length_head = LengthHead(self.outlets.head_widths, self.outlets.bucket_edges)
+        levels = self.outlets.quantile_levels
+        self.quantile_head = QuantileHead(self.outlets.head_widths, levels) if levels else None
         assert self.outlets.head_widths[0] == config.hidden_size, self.outlets.head_widths
         self._init_outlets_weights()
 
     def _init_outlets_weights(self) -> None:
         """Initialise only the modules added after ``post_init``, the way the draft's own are."""
-        added = [self.length_head]
+        added = [self.length_head] + ([self.quantile_head] if self.quantile_head is not None else [])
         if self.outlets.gated_attention:
             added.append(self.midlayer.self_attn.gate_proj)
         for module in added:
@@ -75,3 +78,13 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
     def predict_log_remaining(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T]
         """z_t = log(1 + predicted remaining tokens) from draft states (or fused features)."""
         return self.length_head.log_remaining(self.length_outputs(state))
+
+    def quantile_outputs(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, K] raw
+        """The quantile head on the normalised state; ``quantile_mode: detached`` stops the gradient there."""
+        assert self.quantile_head is not None, "the draft has no quantile head (outlets.quantile_levels)"
+        normalized = self.normalized_state(state)
+        return self.quantile_head(normalized.detach() if self.outlets.quantile_mode == "detached" else normalized)
+
+    def predict_log_remaining_quantiles(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, K]
+        """z quantiles at ``outlets.quantile_levels`` from draft states, non-decreasing."""
+        return QuantileHead.log_remaining_quantiles(self.quantile_outputs(state))

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional, Tuple
 
 HEAD_INPUTS = ("draft", "fused")  # draft decoder output (the method) | fused target features (ablation)
+# How the quantile head trains: "joint" lets its loss reach the draft (weighted like the length
+# loss); "detached" stops the gradient at the draft state, so drafting is as without the head.
+QUANTILE_MODES = ("joint", "detached")
 
 
 @dataclass(frozen=True)
@@ -19,19 +22,24 @@ class OutletsDraftConfig:
     head_input: str
     head_widths: Tuple[int, ...]  # MLP widths before the output layer, e.g. (H, H/2, H/4)
     bucket_edges: Optional[Tuple[int, ...]]  # None: regression on log(1 + r); else bucket classes
+    quantile_levels: Optional[Tuple[float, ...]] = None  # None: no quantile head (model/quantile_head.py)
+    quantile_mode: str = "joint"  # QUANTILE_MODES
 
     def __post_init__(self) -> None:
         assert self.head_input in HEAD_INPUTS, self.head_input
+        assert self.quantile_mode in QUANTILE_MODES, self.quantile_mode
 
     @classmethod
     def from_dict(cls, raw: Dict[str, Any]) -> "OutletsDraftConfig":
-        edges = raw.get("bucket_edges")
+        edges, levels = raw.get("bucket_edges"), raw.get("quantile_levels")
         return cls(
             fusion_layers=tuple(raw["fusion_layers"]),
             gated_attention=bool(raw["gated_attention"]),
             head_input=raw["head_input"],
             head_widths=tuple(raw["head_widths"]),
             bucket_edges=tuple(edges) if edges is not None else None,
+            quantile_levels=tuple(float(level) for level in levels) if levels is not None else None,
+            quantile_mode=raw.get("quantile_mode", "joint"),
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
+from specforge_outlets.model.quantile_head import QuantileHead
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -104,10 +105,21 @@ class OutletsLengthPredictor:
             raise OutletsError(f"--outlets-draft-path {directory}: length head does not match "
                                        f"outlets_config.head_widths / bucket_edges ({error})") from None
         self.length_head.to(device=self.device, dtype=dtype)
-        # the rest of the draft, read by the forward below (the head's tensors live in its module only)
+        self.quantile_head = None  # an export trained with outlets.quantile_levels has one (issue 27)
+        if self.outlets.quantile_levels:
+            self.quantile_head = QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels)
+            quantile = {name[len("quantile_head."):]: tensor for name, tensor in weights.items()
+                        if name.startswith("quantile_head.")}
+            try:
+                self.quantile_head.load_state_dict(quantile)
+            except RuntimeError as error:
+                raise OutletsError(f"--outlets-draft-path {directory}: quantile head does not match "
+                                   f"outlets_config.head_widths / quantile_levels ({error})") from None
+            self.quantile_head.to(device=self.device, dtype=dtype)
+        # the rest of the draft, read by the forward below (the heads' tensors live in their modules only)
         self.w: Dict[str, torch.Tensor] = {
             k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()
-            if v.is_floating_point() and not k.startswith("length_head.")}
+            if v.is_floating_point() and not k.startswith(("length_head.", "quantile_head."))}
 
     # -- the forward ------------------------------------------------------------------------------------
     def _linear(self, x, name, bias=False):
@@ -159,11 +171,19 @@ class OutletsLengthPredictor:
                          f"{p}.mlp.down_proj")
         return residual + m
 
+    def _head_input(self, states: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(states, self.w["norm.weight"], self.eps) if self.norm_output else states
+
     @torch.no_grad()
     def log_remaining(self, states: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T] z = log(1 + predicted remaining tokens)."""
-        x = _rms_norm(states, self.w["norm.weight"], self.eps) if self.norm_output else states
-        return self.length_head.log_remaining(self.length_head(x)).float()
+        return self.length_head.log_remaining(self.length_head(self._head_input(states))).float()
+
+    @torch.no_grad()
+    def log_remaining_quantiles(self, states: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, K] z quantiles at ``outlets.quantile_levels`` (the export must have a quantile head)."""
+        assert self.quantile_head is not None, "this export has no quantile head (outlets.quantile_levels)"
+        return QuantileHead.log_remaining_quantiles(self.quantile_head(self._head_input(states)))
 
     @torch.no_grad()
     def prompt_log_remaining(self, fused_features: torch.Tensor, prompt_ids, first_token) -> torch.Tensor:

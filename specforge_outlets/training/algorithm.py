@@ -78,11 +78,11 @@ def training_labels(hidden_states_path: str, max_len: int):
 
 
 def init_length_bias(cfg, draft_model, settings: OutletsSettings) -> None:
-    """``length_bias_init: mean``: start the head at the best constant fit of the training labels.
+    """``length_bias_init: mean``: start the heads at the best constant fit of the training labels.
 
     A resumed or warm-started run brings its own head, so it is left alone there.
     """
-    from specforge_outlets.training.objective import LengthWeighting, constant_fit
+    from specforge_outlets.training.objective import LengthWeighting, constant_fit, constant_quantile_fit
 
     if settings.length_bias_init == "zero" or cfg.training.resume_from or cfg.model.draft_checkpoint_path:
         return
@@ -95,6 +95,10 @@ def init_length_bias(cfg, draft_model, settings: OutletsSettings) -> None:
     except ValueError as exc:
         raise OutletsError(f"data.hidden_states_path={cfg.data.hidden_states_path}: {exc}") from None
     draft_model.length_head.init_output_bias(bias)
+    if draft_model.quantile_head is not None:
+        draft_model.quantile_head.init_output_bias(constant_quantile_fit(
+            training_labels(cfg.data.hidden_states_path, cfg.data.max_length), draft_model.quantile_head.levels,
+            LengthWeighting.from_settings(settings)))
 
 
 def build_training_model(cfg, draft_model, draft_config, target_config, tokenizer, *, settings: OutletsSettings):

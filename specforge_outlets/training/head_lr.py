@@ -17,12 +17,13 @@ import torch
 
 def head_parameter_group(optimizer, module: torch.nn.Module, lr_scale: float, *, total_steps: int,
                          warmup_steps: int) -> None:
-    """Regroup a built ``BF16Optimizer`` of ``module``: the length head at ``lr_scale`` x lr, the
+    """Regroup a built ``BF16Optimizer`` of ``module``: the length head (and the quantile head) at ``lr_scale`` x lr, the
     schedule rebuilt as SpecForge built it (same class, steps and warm-up).
 
     Names are matched through DDP/FSDP wrappers (``use_orig_params`` keeps them).
     """
-    head = {id(p) for name, p in module.named_parameters() if ".length_head." in f".{name}"}
+    head = {id(p) for name, p in module.named_parameters()
+            if ".length_head." in f".{name}" or ".quantile_head." in f".{name}"}
     rest, head_masters = [], []
     for param, master in zip(optimizer.model_params, optimizer.fp32_params):
         (head_masters if id(param) in head else rest).append(master)

@@ -24,7 +24,8 @@ class LengthOutputs:
     raw: List[torch.Tensor]  # per TTT step: [B, T, out]
     labels: List[torch.Tensor]  # per TTT step: [B, T], aligned with ``raw``
     lower_bounds: List[torch.Tensor]  # per TTT step: [B, T], censored positions' bounds, aligned the same way
-    l2: torch.Tensor  # ||theta_len||^2
+    l2: torch.Tensor  # ||theta_len||^2, over the quantile head too when there is one
+    quantile_raw: Optional[List[torch.Tensor]] = None  # per TTT step: [B, T, K], with a quantile head
 
 
 class OutletsEagle3Model(OnlineEagle3Model):
@@ -48,8 +49,10 @@ class OutletsEagle3Model(OnlineEagle3Model):
         expected = self.length if draft.outlets.head_input == "draft" else 1
         assert len(states) == expected, f"collected {len(states)} draft states, expected {expected}"
         raw = [draft.length_outputs(state) for state in states]
+        quantile_raw = [draft.quantile_outputs(state) for state in states] if draft.quantile_head is not None else None
+        l2 = l2_penalty(draft.length_head) + (l2_penalty(draft.quantile_head) if quantile_raw is not None else 0.0)
         if remaining_lower_bound is None:  # a batch without censored responses
             remaining_lower_bound = torch.full_like(remaining_length, NO_LABEL)
         labels, bounds = ([shift_left(values.to(states[0].device), 1 + step) for step in range(len(states))]
                           for values in (remaining_length, remaining_lower_bound))
-        return (*eagle3_outputs, LengthOutputs(raw, labels, bounds, l2_penalty(draft.length_head)))
+        return (*eagle3_outputs, LengthOutputs(raw, labels, bounds, l2, quantile_raw))

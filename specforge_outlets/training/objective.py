@@ -1,4 +1,8 @@
-"""The OUTLETS objective: L = w_sd * L_SD + lambda * L_len + gamma * ||theta_len||^2.
+"""The OUTLETS objective: L = w_sd * L_SD + lambda * L_len + mu * L_q + gamma * ||theta_len||^2.
+
+L_q is the quantile head's pinball loss (issue 27, :func:`fit_quantiles`), on the same positions
+with the same weights as L_len; mu is ``outlets.quantile_loss_weight`` and the term is absent
+without a quantile head.
 
 L_SD is SpecForge's EAGLE-3 loss, unchanged. L_len is fitted on z = log(1 + remaining tokens) at
 the labelled positions of the training-time-test steps: the mean squared error in log space for the
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.model.length_head import LengthHead, bucket_index, log_remaining_to_tokens, tail_log_probability
+from specforge_outlets.model.quantile_head import QuantileHead, constant_quantiles, pinball_rows
 from specforge_outlets.training.settings import WEIGHTINGS, OutletsSettings
 
 
@@ -78,6 +83,58 @@ def response_positions(labels: torch.Tensor):
     return labelled, starts, size
 
 
+def labelled_rows(
+    raw_outputs: Sequence[torch.Tensor],  # per TTT step: [B, T, out]
+    labels: Sequence[torch.Tensor],  # per TTT step: [B, T]
+    weighting: LengthWeighting,
+    lower_bounds: Sequence[torch.Tensor] | None = None,  # per TTT step: [B, T], or None
+):
+    """The labelled positions of every step as rows: (raw [N, out], remaining [N] (the bound where
+    censored), censored [N], weights [N], static [N]: the uncensored static positions of step 0)."""
+    if lower_bounds is None:
+        lower_bounds = [torch.full_like(l, NO_LABEL) for l in labels]
+    targets = [torch.where(l != NO_LABEL, l, b) for l, b in zip(labels, lower_bounds)]
+    masks = [t != NO_LABEL for t in targets]
+    raw = torch.cat([r[m] for r, m in zip(raw_outputs, masks)])  # [N, out]
+    remaining = torch.cat([t[m] for t, m in zip(targets, masks)])  # [N] exact, or the bound where censored
+    censored = torch.cat([(b != NO_LABEL)[m] for b, m in zip(lower_bounds, masks)])  # [N]
+    positions = [response_positions(t) for t in targets]  # once per step: weights and the static mask
+    weights = torch.cat([weighting.weights_at(p, k)[m] for k, (p, m) in enumerate(zip(positions, masks))])
+    static = torch.cat([p[1][m] & (k == 0) for k, (p, m) in enumerate(zip(positions, masks))]) & ~censored
+    return raw, remaining, censored, weights, static
+
+
+@dataclass(frozen=True)
+class QuantileFit:
+    """The quantile term of one batch and the sums behind its coverage metrics (exact labels, every step)."""
+
+    loss: torch.Tensor  # scalar, differentiable
+    covered_sums: torch.Tensor  # [K]: positions whose remaining length is at or below each quantile
+    count: torch.Tensor
+
+
+def fit_quantiles(
+    raw_outputs: Sequence[torch.Tensor],  # per TTT step: [B, T, K]
+    labels: Sequence[torch.Tensor],
+    levels: Sequence[float],
+    weighting: LengthWeighting,
+    lower_bounds: Sequence[torch.Tensor] | None = None,
+) -> QuantileFit:
+    """The weighted pinball loss of the quantile head on z = log(1 + remaining), on the positions
+    and with the weights of L_len; censored positions one-sided (``quantile_head.pinball_rows``)."""
+    raw, remaining, censored, weights, _ = labelled_rows(raw_outputs, labels, weighting, lower_bounds)
+    exact = ~censored
+    if remaining.numel() == 0 or weights.sum() == 0:
+        zero = raw.sum() * 0.0
+        return QuantileFit(zero, torch.zeros(len(levels)), exact.sum().float())
+    z_pred = QuantileHead.log_remaining_quantiles(raw)  # [N, K]
+    z_true = torch.log1p(remaining.float())
+    loss = (weights * pinball_rows(z_pred, z_true, levels, censored)).sum() / weights.sum()
+    with torch.no_grad():
+        covered = (z_true[:, None] <= z_pred)[exact].float().sum(0)
+    return QuantileFit(loss, covered, exact.sum().float())
+
+
 @dataclass(frozen=True)
 class LengthFit:
     """The length term of one batch and the sums behind its metrics (unweighted, over TTT steps)."""
@@ -106,16 +163,7 @@ def fit_length(
     Each censored response is weighted like a finished one (its bound counts down by one, so
     ``response_positions`` finds it). The metrics (MSE, MAE) stay over exact labels only.
     """
-    if lower_bounds is None:
-        lower_bounds = [torch.full_like(l, NO_LABEL) for l in labels]
-    targets = [torch.where(l != NO_LABEL, l, b) for l, b in zip(labels, lower_bounds)]
-    masks = [t != NO_LABEL for t in targets]
-    raw = torch.cat([r[m] for r, m in zip(raw_outputs, masks)])  # [N, out]
-    remaining = torch.cat([t[m] for t, m in zip(targets, masks)])  # [N] exact, or the bound where censored
-    censored = torch.cat([(b != NO_LABEL)[m] for b, m in zip(lower_bounds, masks)])  # [N]
-    positions = [response_positions(t) for t in targets]  # once per step: weights and the static mask
-    weights = torch.cat([weighting.weights_at(p, k)[m] for k, (p, m) in enumerate(zip(positions, masks))])
-    static = torch.cat([p[1][m] & (k == 0) for k, (p, m) in enumerate(zip(positions, masks))]) & ~censored
+    raw, remaining, censored, weights, static = labelled_rows(raw_outputs, labels, weighting, lower_bounds)
     exact = ~censored
     count = exact.sum().float()
     z_true = torch.log1p(remaining.float())
@@ -169,8 +217,23 @@ def constant_fit(labels: Iterable[torch.Tensor], bucket_edges: Sequence[int] | N
     return torch.log((bucket_sums / weight_sum).clamp_min(1e-4)).float()
 
 
-def l2_penalty(head: LengthHead) -> torch.Tensor:
-    """||theta_len||^2 over every parameter of the length MLP."""
+def constant_quantile_fit(labels: Iterable[torch.Tensor], levels: Sequence[float],
+                          weighting: LengthWeighting) -> torch.Tensor:
+    """The quantile head's starting z quantiles [K]: weighted quantiles of the step-0 labels' z."""
+    z, weights = [], []
+    for step_labels in labels:
+        step_labels = step_labels.reshape(1, -1)
+        mask = step_labels != NO_LABEL
+        z.append(torch.log1p(step_labels[mask].double()))
+        weights.append(weighting.position_weights(step_labels).double()[mask])
+    z_all, weights_all = torch.cat(z) if z else torch.zeros(0), torch.cat(weights) if weights else torch.zeros(0)
+    if weights_all.sum() == 0:
+        raise ValueError("no labelled position in the training data")
+    return constant_quantiles(z_all, weights_all, levels)
+
+
+def l2_penalty(head: torch.nn.Module) -> torch.Tensor:
+    """||theta||^2 over every parameter of a head (the length MLP, the quantile MLP)."""
     return sum((p.float() ** 2).sum() for p in head.parameters())
 
 
@@ -182,5 +245,8 @@ def total_loss(
     sd_loss_weight: float,
     length_loss_weight: float,
     length_l2_weight: float,
+    quantile_loss: torch.Tensor | float = 0.0,
+    quantile_loss_weight: float = 0.0,
 ) -> torch.Tensor:
-    return sd_loss_weight * sd_loss + length_loss_weight * length_loss + length_l2_weight * l2
+    return (sd_loss_weight * sd_loss + length_loss_weight * length_loss + quantile_loss_weight * quantile_loss
+            + length_l2_weight * l2)

@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.draft_config import HEAD_INPUTS, OutletsDraftConfig
+from specforge_outlets.model.draft_config import HEAD_INPUTS, QUANTILE_MODES, OutletsDraftConfig
+from specforge_outlets.model.quantile_head import check_levels
 from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
 
 HEAD_TYPES = ("regression", "buckets")
@@ -20,7 +21,7 @@ WEIGHTINGS = ("per_response", "pooled")  # see training.objective.LengthWeightin
 # evaluation.heads.fit_head for the learned baselines of `outlets eval --censored-training`).
 CENSORED_TARGETS = ("drop", "one_sided")
 NUMBERS = ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight", "length_ttt_decay",
-           "length_head_lr_scale")
+           "length_head_lr_scale", "quantile_loss_weight")
 DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by head_type: buckets
 
 
@@ -53,9 +54,15 @@ class OutletsSettings:
     # responses cut by the token limit: "one_sided" trains their positions to predict at least the
     # tokens still to come (remaining >= c - t); "drop" leaves them out of L_len
     length_censored: str = "drop"
+    # the quantile head (model/quantile_head.py): z quantiles at these levels, pinball loss weighted
+    # like L_len (same positions, weights and censoring); None: no quantile head
+    quantile_levels: Optional[Tuple[float, ...]] = None
+    quantile_loss_weight: float = 0.1
+    quantile_mode: str = "joint"  # "detached": stop-gradient at the draft state (drafting unchanged)
 
     def __post_init__(self) -> None:
-        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight"):
+        for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight",
+                     "quantile_loss_weight"):
             if getattr(self, name) < 0:
                 raise OutletsError(f"outlets.{name} must be >= 0, got {getattr(self, name)}")
         if self.length_loss_weight == 0 and self.sd_loss_weight == 0:
@@ -74,6 +81,13 @@ class OutletsSettings:
             raise OutletsError(f"outlets.length_censored must be one of {CENSORED_TARGETS}, got {self.length_censored!r}")
         if self.length_bias_init not in BIAS_INITS:
             raise OutletsError(f"outlets.length_bias_init must be one of {BIAS_INITS}, got {self.length_bias_init!r}")
+        if self.quantile_mode not in QUANTILE_MODES:
+            raise OutletsError(f"outlets.quantile_mode must be one of {QUANTILE_MODES}, got {self.quantile_mode!r}")
+        if self.quantile_levels is not None:
+            try:
+                check_levels(self.quantile_levels)
+            except ValueError as exc:
+                raise OutletsError(f"outlets.quantile_levels: {exc}") from None
         edges = list(self.bucket_edges)
         if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
             raise OutletsError(f"outlets.bucket_edges must be increasing positive token counts, got {edges}")
@@ -88,6 +102,12 @@ class OutletsSettings:
         for name in ("head_widths", "bucket_edges", "fusion_layers"):
             if raw.get(name) is not None:
                 raw[name] = tuple(int(v) for v in raw[name])
+        if raw.get("quantile_levels") is not None:
+            try:
+                raw["quantile_levels"] = tuple(float(v) for v in raw["quantile_levels"])
+            except (TypeError, ValueError):
+                raise OutletsError(f"outlets.quantile_levels must be a list of numbers in (0, 1), got "
+                                   f"{raw['quantile_levels']!r}") from None
         for name in NUMBERS:
             if name in raw:
                 try:
@@ -117,6 +137,8 @@ class OutletsSettings:
             head_input=self.head_input,
             head_widths=tuple(widths),
             bucket_edges=tuple(self.bucket_edges) if self.head_type == "buckets" else None,
+            quantile_levels=self.quantile_levels,
+            quantile_mode=self.quantile_mode,
         )
 
     def objective_options(self) -> Dict[str, Any]:
@@ -129,4 +151,5 @@ class OutletsSettings:
             "length_static_weight": self.length_static_weight,
             "length_ttt_decay": self.length_ttt_decay,
             "length_censored": self.length_censored,
+            "quantile_loss_weight": self.quantile_loss_weight,
         }

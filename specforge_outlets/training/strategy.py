@@ -16,7 +16,7 @@ from specforge.training.strategies.base import Eagle3TrainStrategy, StepContext,
 
 from specforge_outlets.data.features import LENGTH_KEY, LOWER_BOUND_KEY
 from specforge_outlets.training.model import LengthOutputs
-from specforge_outlets.training.objective import LengthWeighting, fit_length, total_loss
+from specforge_outlets.training.objective import LengthWeighting, fit_length, fit_quantiles, total_loss
 
 
 class LabelledCall:
@@ -59,6 +59,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         length_static_weight: float,
         length_ttt_decay: float,
         length_censored: str,
+        quantile_loss_weight: float = 0.0,
         **eagle3_options,
     ) -> None:
         super().__init__(eagle3_model, **eagle3_options)
@@ -67,6 +68,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         self.sd_loss_weight = sd_loss_weight
         self.weighting = LengthWeighting(length_weighting, length_static_weight, length_ttt_decay)
         self.one_sided = length_censored == "one_sided"
+        self.quantile_loss_weight = quantile_loss_weight
 
     def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
         model = self.eagle3_model
@@ -80,6 +82,10 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
         draft = unwrap(model).draft_model
         fit = fit_length(draft.length_head, outputs.raw, outputs.labels, draft.outlets.bucket_edges, self.weighting,
                          lower_bounds=outputs.lower_bounds if self.one_sided else None)
+        quantiles = None
+        if outputs.quantile_raw is not None:
+            quantiles = fit_quantiles(outputs.quantile_raw, outputs.labels, draft.quantile_head.levels, self.weighting,
+                                      lower_bounds=outputs.lower_bounds if self.one_sided else None)
         loss = total_loss(
             drafting.loss,
             fit.loss,
@@ -87,7 +93,12 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
             sd_loss_weight=self.sd_loss_weight,
             length_loss_weight=self.length_loss_weight,
             length_l2_weight=self.length_l2_weight,
+            quantile_loss=quantiles.loss if quantiles is not None else 0.0,
+            quantile_loss_weight=self.quantile_loss_weight,
         )
+        quantile_metrics = {} if quantiles is None else {
+            f"quantile_coverage_q{round(100 * level)}": (covered, quantiles.count)
+            for level, covered in zip(draft.quantile_head.levels, quantiles.covered_sums)}
         return StepOutput(
             loss=loss,
             metrics={
@@ -96,11 +107,13 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
                 "sd_loss": drafting.loss.detach(),
                 "length_loss": fit.loss.detach(),
                 "length_l2": outputs.l2.detach(),
+                **({"quantile_loss": quantiles.loss.detach()} if quantiles is not None else {}),
             },
             ratio_metrics={
                 **drafting.ratio_metrics,
                 "length_mse": (fit.squared_error_sum, fit.count),
                 "length_mae_tokens": (fit.abs_error_tokens_sum, fit.count),
                 "length_static_mae_tokens": (fit.static_abs_error_tokens_sum, fit.static_count),
+                **quantile_metrics,
             },
         )
