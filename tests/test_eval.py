@@ -60,7 +60,7 @@ def chat(tmp_path_factory):
     return target, splits[0], splits[1]
 
 
-def make_export(target, directory, *, outlets_config=True, seed=0, head_bias=None):
+def make_export(target, directory, *, outlets_config=True, seed=0, head_bias=None, quantile_levels=None):
     """An untrained OUTLETS draft export for ``target`` (what `outlets export` writes); ``head_bias``
     sets the length head's output bias (z), so that its predictions differ from another draft's."""
     from transformers import AutoConfig
@@ -73,7 +73,8 @@ def make_export(target, directory, *, outlets_config=True, seed=0, head_bias=Non
     config = LlamaConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          draft_vocab_size=t.vocab_size, architectures=[DRAFT_ARCHITECTURE], pad_token_id=0,
-                         outlets_config=OutletsSettings().draft_config(t.hidden_size, t.num_hidden_layers).to_dict())
+                         outlets_config=OutletsSettings(quantile_levels=quantile_levels).draft_config(
+                             t.hidden_size, t.num_hidden_layers).to_dict())
     torch.manual_seed(seed)
     model = OutletsLlamaForCausalLMEagle3(config).float()
     if head_bias is not None:

@@ -67,6 +67,12 @@ def register(subparsers) -> None:
                         help="learned baselines: leave censored training responses out (drop), or fit them "
                              "one-sided, as at least their generated length (one_sided; OUTLETS' own head is set "
                              "by its recipe's outlets.length_censored)")
+    parser.add_argument("--quantile-levels", type=parse_levels, metavar="LEVELS",
+                        help="the probes also fit OUTLETS' quantile head at these levels (e.g. 0.1,0.25,0.5,0.75,0.9; "
+                             "a draft trained with outlets.quantile_levels brings its own): coverage and PIT in the report")
+    parser.add_argument("--calibration-features",
+                        help="responses no predictor trained on (a prompt-group split of the train capture): the "
+                             "split-conformal correction of every quantile predictor, scored beside the raw one")
     parser.add_argument("--classifier-lm", help="lm-classifier: another causal LM directory (default: the target's states)")
     parser.add_argument("--ttt-length", type=int, default=3, help="drafting: TTT steps unrolled (default 3, the CPU recipes')")
     parser.add_argument("--no-drafting", action="store_true", help="skip the drafting-quality pass")
@@ -82,6 +88,16 @@ def register(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
+
+
+def parse_levels(text: str) -> tuple:
+    """``0.1,0.5,0.9`` or ``[0.1,0.5,0.9]``: strictly increasing levels in (0, 1)."""
+    from specforge_outlets.model.quantile_head import check_levels
+
+    try:
+        return check_levels(float(part) for part in text.strip("[] ").split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def parse_baselines(text: str) -> List[str]:
@@ -202,9 +218,14 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     draft, sd_only = drafts["draft"], drafts["sd_only_draft"]
     train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
     check_no_shared_prompts(train, test)
+    calibration = None
+    if args.calibration_features:
+        calibration = load_split(args.calibration_features, hidden_size=test.hidden_size, name="calibration-features")
+        check_no_shared_prompts(calibration, test)
     context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
                           device=args.device, seed=args.seed, progress=progress,
-                          options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training})
+                          options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training,
+                                   "quantile_levels": args.quantile_levels})
     predictors = ([OutletsPredictor(context, draft, args.draft)] if draft is not None else [])
     if drafts["lp_only_draft"] is not None:
         predictors.append(OutletsPredictor(context, drafts["lp_only_draft"], args.lp_only_draft, *LP_ONLY))
@@ -221,6 +242,8 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     all_predictions: Dict[str, Any] = {}
     every_prediction: Dict[str, Any] = {}
     all_rows: List[Dict[str, Any]] = []
+    calibrations: Dict[str, Any] = {}
+    conformal: Dict[str, Any] = {}  # name+conformal -> the corrected predictions (quantiles only)
     os.makedirs(os.path.join(out, "predictions"))
     for predictor in tqdm(predictors, desc="predictors", unit="predictor", disable=not progress):
         torch.manual_seed(args.seed)
@@ -231,6 +254,16 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         done = time.perf_counter()
         check_predictions(predictor.name, everything, predictions)
         every_prediction[predictor.name] = predictions
+        if predictor.quantile_levels:
+            levels = {tuple(entry["levels"]) for entry in calibrations.values()} | {tuple(predictor.quantile_levels)}
+            if len(levels) > 1:
+                raise OutletsError(f"predictor {predictor.name}: quantile levels {list(predictor.quantile_levels)} differ "
+                                   f"from another predictor's {[list(l) for l in levels]}: pass --quantile-levels "
+                                   "equal to the draft's outlets.quantile_levels")
+            calibrations[predictor.name], corrected = quantile_calibration(predictor, everything, predictions,
+                                                                           calibration)
+            if corrected is not None:
+                conformal[f"{predictor.name}+conformal"] = corrected
         predictions = [p for p, keep in zip(predictions, scored) if keep]
         entry = reporting.score(test, predictions, predictor.dynamic_source, short_max=args.short_max,
                                 long_min=args.long_min, seed=args.seed, share_threshold=args.share_threshold)
@@ -244,7 +277,9 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     write_jsonl(os.path.join(out, "predictions.jsonl"), [  # every predictor's rows in one file, named
         {"id": row.id, "predictor": name, "predicted_output_len": row.predicted_output_len,
          "true_output_len": row.true_output_len} for name, row in all_rows])
-    reporting.write_jsonl_gz(os.path.join(out, PREDICTIONS_GZ), reporting.request_rows(everything, every_prediction))
+    reporting.write_jsonl_gz(os.path.join(out, PREDICTIONS_GZ),
+                             reporting.request_rows(everything, every_prediction, conformal,
+                                                    next(iter(calibrations.values()))["levels"] if calibrations else None))
 
     drafting_report = None
     if not args.no_drafting and (draft is not None or sd_only is not None):
@@ -285,6 +320,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         "ceiling": reporting.ceiling_section(noise, test, all_predictions, seed=args.seed) if noise else None,
         "censoring": reporting.censoring_section(everything, every_prediction, next(iter(every_prediction)),
                                                  seed=args.seed),
+        "calibration": calibrations or None,
         "predictions_file": PREDICTIONS_GZ,
         "drafting": drafting_report,
         "overhead": overhead_report,
@@ -294,6 +330,26 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         handle.write(reporting.markdown(report))
     write_report(out, report)  # last: its presence means finished
     return report
+
+
+def quantile_calibration(predictor, everything, predictions, calibration):
+    """Coverage and PIT of a quantile predictor on the test split; with a calibration split, its
+    conformal shifts and the corrected predictions' coverage and PIT too."""
+    from specforge_outlets.evaluation import calibration as calib
+    from specforge_outlets.evaluation.predictor import check_predictions
+
+    levels = predictor.quantile_levels
+    entry: Dict[str, Any] = {"levels": list(levels), "raw": calib.summary(everything.requests, predictions, levels)}
+    if calibration is None:
+        return entry, None
+    held = calibration.with_censored()
+    held_predictions = predictor.predict(held)
+    check_predictions(predictor.name, held, held_predictions)
+    shifts = calib.calibrate(held.requests, held_predictions, levels)
+    corrected = [calib.shifted(p, shifts["static"], shifts["dynamic"]) for p in predictions]
+    entry.update(calibration_requests=len(held), shifts=shifts,
+                 conformal=calib.summary(everything.requests, corrected, levels))
+    return entry, corrected
 
 
 def print_summary(report: Dict[str, Any], output: str) -> None:

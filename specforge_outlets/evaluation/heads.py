@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.length_head import tail_log_probability
+from specforge_outlets.model.quantile_head import QuantileHead, constant_quantiles, pinball_rows, raw_for_quantiles
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,25 @@ class CrossEntropy(HeadLoss):
     def initialise(self, last, y, weights):  # Laplace-smoothed, so a class absent from training stays reachable
         counts = torch.bincount(y.long(), weights=weights, minlength=self.outputs).float()
         last.bias.copy_(torch.log((counts + 1) / (counts.sum() + self.outputs)))
+
+
+class Pinball(HeadLoss):
+    """Quantiles of the target at ``levels`` (OUTLETS' quantile head, ``model/quantile_head.py``):
+    non-crossing outputs, the pinball loss, censored rows one-sided."""
+
+    def __init__(self, levels: Sequence[float]) -> None:
+        self.levels = tuple(levels)
+        self.outputs = len(self.levels)
+
+    @staticmethod
+    def quantiles(out: torch.Tensor) -> torch.Tensor:  # [N, K] raw -> [N, K] non-decreasing
+        return QuantileHead.log_remaining_quantiles(out)
+
+    def rows(self, out, y, censored):
+        return pinball_rows(self.quantiles(out), y, self.levels, censored)
+
+    def initialise(self, last, y, weights):
+        last.bias.copy_(raw_for_quantiles(constant_quantiles(y.float(), weights, self.levels)))
 
 
 def fit_head(

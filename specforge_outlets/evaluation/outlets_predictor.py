@@ -75,13 +75,19 @@ class OutletsPredictor(Predictor):
         # The forward predictor-only serving runs (on the export, with the target's embedding), so that
         # these predictions are the served ones; it equals SpecForge's draft step (tests/test_sglang_predictor.py).
         served = OutletsLengthPredictor(self.draft_dir, self.draft.embed_tokens)
+        if served.quantile_head is not None:
+            self.quantile_levels = served.quantile_head.levels
         out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
         for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
                                          unit="file", disable=not self.context.progress, leave=False):
             next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
-            z = served.log_remaining(served.states(features["aux_hidden_state"][0], next_ids))
-            remaining = log_remaining_to_tokens(z).double()
+            states = served.states(features["aux_hidden_state"][0], next_ids)
+            remaining = log_remaining_to_tokens(served.log_remaining(states)).double()
+            quantiles = (None if served.quantile_head is None
+                         else log_remaining_to_tokens(served.log_remaining_quantiles(states)).double())  # [T, K]
             for index, request in members:
-                dynamic = remaining[request.prompt_end : request.prompt_end + request.length].numpy()
-                out[index] = Prediction(float(dynamic[0]), dynamic)
+                response = slice(request.prompt_end, request.prompt_end + request.length)
+                dynamic = remaining[response].numpy()
+                out[index] = Prediction(float(dynamic[0]), dynamic,
+                                        None if quantiles is None else quantiles[response].numpy())
         return out

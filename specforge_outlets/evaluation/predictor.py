@@ -25,6 +25,9 @@ DYNAMIC_COUNTDOWN = "countdown"  # max(r_hat_0 - t, 1): the static prediction mi
 class Prediction:
     static: float  # r_hat_0, tokens
     dynamic: Optional[np.ndarray] = None  # r_hat_t for t = 0 .. L-1, tokens
+    # a predictor with a quantile head (issue 27): remaining-token quantiles at its ``quantile_levels``
+    # for t = 0 .. L-1 ([L, K]; row 0 is the whole output length's), non-decreasing along K
+    dynamic_quantiles: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Predictor:
     name = "predictor"
     description = ""
     dynamic_source = DYNAMIC_COUNTDOWN
+    quantile_levels: Optional[tuple] = None  # set by a predictor whose predictions carry quantiles
 
     def __init__(self, context: EvalContext) -> None:
         self.context = context
@@ -75,6 +79,13 @@ def check_predictions(name: str, test: Split, predictions: List[Prediction]) -> 
                     f"dynamic predictions for a {request.length}-token response"
                 )
             bad = bad or not bool(np.isfinite(prediction.dynamic).all())
+        if prediction.dynamic_quantiles is not None:
+            if prediction.dynamic_quantiles.shape[0] != request.length:
+                raise OutletsError(
+                    f"predictor {name}: {request.file} request {request.id}: {prediction.dynamic_quantiles.shape} "
+                    f"quantile predictions for a {request.length}-token response"
+                )
+            bad = bad or not bool(np.isfinite(prediction.dynamic_quantiles).all())
         if bad:
             raise OutletsError(
                 f"predictor {name}: non-finite (NaN/inf) prediction for request {request.id} of {request.file}; "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -114,16 +114,34 @@ def prediction_rows(test: Split, predictions: List[Prediction]) -> List[Predicti
             for r, p in zip(test.requests, predictions)]
 
 
-def request_rows(everything: Split, predictions: Dict[str, List[Prediction]]) -> List[Dict[str, Any]]:
-    """The ``predictions.jsonl.gz`` rows: every request, every predictor (tokens, 0.1 precision)."""
+def request_rows(everything: Split, predictions: Dict[str, List[Prediction]],
+                 quantile_only: Optional[Dict[str, List[Prediction]]] = None,
+                 quantile_levels: Optional[Sequence[float]] = None) -> List[Dict[str, Any]]:
+    """The ``predictions.jsonl.gz`` rows: every request, every predictor (tokens, 0.1 precision).
+
+    Predictors with quantiles add ``quantile_levels`` and ``quantiles``: by predictor, ``static``
+    (the whole length's quantiles) and ``dynamic`` (row k: the remaining tokens' quantiles after k
+    tokens, like ``dynamic``), in whole tokens; ``quantile_only`` predictors (the conformally
+    corrected ones) appear there only.
+    """
+    with_quantiles = {name: values for name, values in {**predictions, **(quantile_only or {})}.items()
+                      if values and values[0].dynamic_quantiles is not None}
     rows = []
     for index, request in enumerate(everything.requests):
         own = {name: values[index] for name, values in predictions.items()}
-        rows.append({
+        row = {
             "id": request.id, "true_output_len": request.length, "censored": request.censored,
             "static": {name: round(p.static, 1) for name, p in own.items()},
             "dynamic": {name: np.round(p.dynamic, 1).tolist() for name, p in own.items() if p.dynamic is not None},
-        })
+        }
+        if with_quantiles:
+            assert quantile_levels is not None and all(
+                len(values[index].dynamic_quantiles[0]) == len(quantile_levels) for values in with_quantiles.values())
+            row["quantile_levels"] = list(quantile_levels)
+            quantiles = {name: np.round(values[index].dynamic_quantiles).astype(int).tolist()
+                         for name, values in with_quantiles.items()}
+            row["quantiles"] = {name: {"static": q[0], "dynamic": q} for name, q in quantiles.items()}
+        rows.append(row)
     return rows
 
 
@@ -197,6 +215,7 @@ def markdown(report: Dict[str, Any]) -> str:
         info = notes["pia"]
         lines += ["", f"PIA: {info.get('unparseable', 0)} of {report['predictors']['pia']['n_requests']} answers had "
                   f"no usable number and count as the training median ({_fmt(info.get('fallback'))})."]
+    lines += quantile_markdown(report)
     drafting = report.get("drafting")
     if drafting:
         lines += ["", "## Drafting quality (SpecForge EAGLE-3 metrics on the test features)", "",
@@ -225,6 +244,35 @@ def markdown(report: Dict[str, Any]) -> str:
     for name, entry in report["predictors"].items():
         lines.append(f"- **{name}**: {entry['description']}")
     return "\n".join(lines) + "\n"
+
+
+def quantile_markdown(report: Dict[str, Any]) -> List[str]:
+    """Coverage of each predicted quantile and the PIT histogram, raw and conformally corrected."""
+    section = report.get("calibration")
+    if not section:
+        return []
+    lines = ["", "## Predicted length quantiles: coverage and PIT", "",
+             "Coverage: share of requests whose remaining length is at or below the quantile (a calibrated q_tau "
+             "covers tau), among the requests it is known for, with the interval the censored ones leave. Static: "
+             "before the first token; at_25/50/75: after that share of the response. Conformal: shifted in "
+             "log(1 + r) on the calibration responses (`evaluation/calibration.py`).", ""]
+    for name, entry in section.items():
+        levels = entry["levels"]
+        lines += [f"### {name}" + (f" (calibration: {entry['calibration_requests']} requests)" if "shifts" in entry else ""),
+                  "", "| point | variant | " + " | ".join(f"q{round(100 * l)}" for l in levels) + " | PIT bins (expected " +
+                  ", ".join(f"{100 * e:.0f}" for e in entry["raw"]["static"]["pit"]["expected"]) + "%) |",
+                  "|---|---|" + "---:|" * len(levels) + "---|"]
+        for variant in ("raw", "conformal"):
+            for point, scores in entry.get(variant, {}).items():
+                cells = [f"{_fmt(100 * c['coverage'])}% [{_fmt(100 * c['lower'], 0)}, {_fmt(100 * c['upper'], 0)}]"
+                         for c in scores["coverage"]]
+                pit = ", ".join(f"{100 * v:.0f}" for v in scores["pit"]["observed"])
+                lines.append(f"| {point} | {variant} | " + " | ".join(cells) + f" | {pit} |")
+        if "shifts" in entry:
+            lines += ["", "Conformal shifts in log(1 + r): static " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["static"])
+                      + "; dynamic " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["dynamic"]) + "."]
+        lines.append("")
+    return lines
 
 
 def censoring_markdown(report: Dict[str, Any]) -> List[str]:
@@ -329,7 +377,32 @@ def plots(report: Dict[str, Any], test: Split, predictions: Dict[str, List[Predi
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     written.append(_save(fig, directory, "calibration_qq.png"))
+    if report.get("calibration"):
+        written.append(pit_plot(report["calibration"], directory))
     return written
+
+
+def pit_plot(section: Dict[str, Any], directory: str) -> str:
+    """PIT histograms (share per inter-quantile bin over the bin's expected share; 1 is calibrated),
+    static and at half of decoding, raw and conformal, one panel per predictor."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(section), figsize=(4.5 * len(section), 3.6), squeeze=False)
+    for ax, (name, entry) in zip(axes.flat, section.items()):
+        series = [(variant, point) for variant in ("raw", "conformal") if variant in entry for point in ("static", "at_50")]
+        width = 0.8 / len(series)
+        for i, (variant, point) in enumerate(series):
+            pit = entry[variant][point]["pit"]
+            ratio = np.asarray(pit["observed"]) / np.asarray(pit["expected"])
+            ax.bar(np.arange(len(ratio)) + (i - (len(series) - 1) / 2) * width, ratio, width, label=f"{variant}, {point}")
+        edges = [0, *entry["levels"], 1]
+        ax.set_xticks(range(len(edges) - 1), [f"{lo:g}-{hi:g}" for lo, hi in zip(edges, edges[1:])], fontsize=7)
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("PIT bin (quantile levels)")
+        ax.set_ylabel("observed / expected share")
+        ax.legend(fontsize=7)
+    return _save(fig, directory, "pit.png")
 
 
 def _save(fig, directory: str, name: str) -> str:

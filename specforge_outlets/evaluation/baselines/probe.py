@@ -6,18 +6,21 @@ the three fusion depths in ``aux_hidden_state``: layer N/2 with capture's defaul
 hidden state (``hidden_state``, after the final norm). Each is trained at response positions to
 regress ``log(1 + remaining)`` (``heads.fit_head``); the state at the last prompt position gives
 the static prediction and every response position a dynamic one. A probe sees the target only,
-no draft: it is OUTLETS' head without the draft's gated layer and fused depths.
+no draft: it is OUTLETS' head without the draft's gated layer and fused depths. With
+``outlets eval --quantile-levels`` each probe also fits OUTLETS' quantile head (``heads.Pinball``)
+on the same rows, so the distributional comparison gives both the same head.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from specforge_outlets.evaluation.heads import HeadSettings, fit_head
+from specforge_outlets.evaluation.heads import HeadSettings, Pinball, fit_head
 from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
@@ -56,10 +59,18 @@ class ProbePredictor(Predictor):
                 ws.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
                 groups.append(torch.full((len(t),), index))
                 censored.append(torch.full((len(t),), request.censored))  # then length - t is a lower bound
-        fitted = fit_head(torch.cat(xs), torch.cat(ys), SETTINGS, seed=self.context.seed,
-                          groups=torch.cat(groups), sample_weight=torch.cat(ws), censored=torch.cat(censored))
+        rows = dict(seed=self.context.seed, groups=torch.cat(groups), sample_weight=torch.cat(ws),
+                    censored=torch.cat(censored))
+        fitted = fit_head(torch.cat(xs), torch.cat(ys), SETTINGS, **rows)
         self.model = fitted.model
         self.info.update(layer=self.layer(train), training_positions=sum(len(x) for x in xs), **fitted.info())
+        self.quantile_levels = self.context.options.get("quantile_levels")
+        if self.quantile_levels:
+            pinball = Pinball(self.quantile_levels)
+            quantile = fit_head(torch.cat(xs), torch.cat(ys), dataclasses.replace(SETTINGS, outputs=pinball.outputs),
+                                loss=pinball, **rows)
+            self.quantile_model = quantile.model
+            self.info["quantile_head"] = quantile.info()
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
@@ -70,7 +81,10 @@ class ProbePredictor(Predictor):
             for index, request in members:
                 states = hidden[request.prompt_end : request.prompt_end + request.length]
                 remaining = torch.expm1(self.model(states).squeeze(-1)).clamp_min(0).double().numpy()
-                out[index] = Prediction(float(remaining[0]), remaining)
+                quantiles = None
+                if self.quantile_levels:
+                    quantiles = torch.expm1(Pinball.quantiles(self.quantile_model(states))).clamp_min(0).double().numpy()
+                out[index] = Prediction(float(remaining[0]), remaining, quantiles)
         return out
 
 
