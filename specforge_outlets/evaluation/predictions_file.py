@@ -40,6 +40,12 @@ class PredictionRow:
     predicted_output_len: float
     true_output_len: Optional[float] = None
     trajectory: Optional[Tuple[float, ...]] = None
+    # a quantile predictor's (issue 27): the levels, the whole length's quantiles at them, and
+    # entry k of ``quantile_trajectory`` the remaining length's quantiles at output token k + 1
+    # (as ``trajectory``); checked where they are used (``simulation/predictors.py``)
+    quantile_levels: Optional[Tuple[float, ...]] = None
+    quantiles: Optional[Tuple[float, ...]] = None
+    quantile_trajectory: Optional[Tuple[Tuple[float, ...], ...]] = None
 
 
 def write_predictions(path: str, rows: List[PredictionRow]) -> None:
@@ -120,10 +126,13 @@ def _select(row: Dict[str, Any], record: bool, predictor: Optional[str], where: 
         if predictor not in row["static"]:
             raise OutletsError(f"{where}: no prediction of {predictor_flag} {predictor!r}; this row has "
                                f"{', '.join(sorted(row['static']))}")
+        quantiles = (row.get("quantiles") or {}).get(predictor) or {}
         return {"id": row["id"], "predicted_output_len": row["static"][predictor],
                 # a censored response was cut: its length is a lower bound, not the true length
                 "true_output_len": None if row["censored"] else row["true_output_len"],
-                "trajectory": row["dynamic"].get(predictor)}
+                "trajectory": row["dynamic"].get(predictor),
+                **({"quantile_levels": row.get("quantile_levels"), "quantiles": quantiles.get("static"),
+                    "quantile_trajectory": quantiles.get("dynamic")} if quantiles else {})}
     if predictor is None:
         return row
     if "predictor" in row:
@@ -170,13 +179,25 @@ def read_predictions(path: str, flag: str = "--predictions", predictor: Optional
         first_line[request_id] = line_number
         rows.append(PredictionRow(request_id, float(row["predicted_output_len"]),
                                   None if true is None else float(true),
-                                  None if trajectory is None else tuple(float(value) for value in trajectory)))
+                                  None if trajectory is None else tuple(float(value) for value in trajectory),
+                                  *_quantile_fields(row)))
     if not rows:
         if predictor is not None:
             raise OutletsError(f"{flag} {path}: no predictions of {predictor_flag} {predictor!r}"
                                + (f" (predictors in the file: {', '.join(seen_predictors)})" if seen_predictors else ""))
         raise OutletsError(f"{flag} {path}: no predictions")
     return rows
+
+
+def _quantile_fields(row: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """``quantile_levels``, ``quantiles`` and ``quantile_trajectory`` as tuples where present (unchecked here)."""
+    def as_tuple(value, depth: int):
+        if not isinstance(value, list):
+            return value
+        return tuple(as_tuple(item, depth - 1) if depth > 1 else item for item in value)
+
+    return (as_tuple(row.get("quantile_levels"), 1), as_tuple(row.get("quantiles"), 1),
+            as_tuple(row.get("quantile_trajectory"), 2))
 
 
 def predictions_by_id(path: str, flag: str = "--predictions", predictor: Optional[str] = None) -> Dict[str, float]:
