@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import DEFAULT_KV_MARGIN, DEFAULT_LOAD_POLL_INTERVAL_S
+from specforge_outlets.scheduling import DEFAULT_KV_MARGIN, DEFAULT_KV_QUANTILE, DEFAULT_LOAD_POLL_INTERVAL_S
 from specforge_outlets.simulation.hardware import (
     DEFAULT_BANDWIDTH_EFFICIENCY,
     DEFAULT_MEMORY_FRACTION,
@@ -55,6 +55,11 @@ class KVAdmission(Enum):
     # when they run out the last admitted request is preempted, to the front of the queue, and
     # recomputed; a request is admitted when its whole sequence's blocks are free. Colocated only
     VLLM = "vllm"
+    # as predicted, with the kv_quantile-quantile of the predicted remaining length instead of the
+    # prediction x (1 + margin) (scheduling.quantile_output_budget; issue 27): needs a predictor with
+    # quantiles (noisy: a log-normal around its point; a file with quantiles); a request without
+    # quantiles (oracle) reserves its point prediction
+    QUANTILE = "quantile"
 
 
 class PredictionPoint(Enum):
@@ -85,6 +90,7 @@ class ClusterConfig:
     predict_at: PredictionPoint = PredictionPoint.PREFILL
     kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
     kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
+    kv_quantile: float = DEFAULT_KV_QUANTILE  # quantile admission: the level of the remaining length reserved
     # power-of-two routing: seconds between the router's polls of every instance's load (sglang-router's
     # LoadMonitor); 0: the router reads the loads at every dispatch, as the other routers do
     load_poll_interval_s: float = DEFAULT_LOAD_POLL_INTERVAL_S
@@ -142,6 +148,14 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
             parsed[name] = value
         elif name in _POSITIVE_FLOAT_FIELDS + _NON_NEGATIVE_FLOAT_FIELDS:
             parsed[name] = _number(source, name, value, positive=name in _POSITIVE_FLOAT_FIELDS)
+        elif name == "kv_quantile":
+            try:
+                number = float(value) if not isinstance(value, bool) else math.nan
+            except (TypeError, ValueError):
+                number = math.nan
+            if not 0 < number < 1:
+                raise OutletsError(f"{source}: kv_quantile must be a number strictly between 0 and 1, got {value!r}")
+            parsed[name] = number
         else:
             parsed[name] = value
     config = ClusterConfig(**parsed)

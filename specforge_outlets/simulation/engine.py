@@ -33,7 +33,9 @@ from specforge_outlets.scheduling import (
     least_requests_rank,
     predicted_output_budget,
     predicted_remaining,
+    quantile_output_budget,
     rank_load,
+    request_distribution,
     retraction_order_key,
 )
 from specforge_outlets.simulation import sglang_admission, vllm_admission
@@ -97,11 +99,14 @@ class SimRequest:
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
         "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
         "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay",
+        "quantile_prediction", "predicted_output_quantiles", "quantile_trajectory",
         "last_token_time", "span_start", "span_pause",  # TokenGapLog's
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
-                 prediction: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None) -> None:
+                 prediction: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None,
+                 quantiles: Optional[Tuple[float, ...]] = None,
+                 quantile_trajectory: Optional[Sequence[Tuple[float, ...]]] = None) -> None:
         self.index = index
         self.arrival_time = arrival_time
         self.input_len = input_len
@@ -110,6 +115,11 @@ class SimRequest:
         self.predicted_output_len: Optional[float] = None
         # dynamic predictions: entry k is the estimate read at output token k + 1, counting that token
         self.trajectory = trajectory
+        # total-length quantiles at the scheduling config's levels, revealed with the prediction, and
+        # the remaining-length quantiles read at each output token (as trajectory); None: a point mass
+        self.quantile_prediction = quantiles
+        self.predicted_output_quantiles: Optional[Tuple[float, ...]] = None
+        self.quantile_trajectory = quantile_trajectory
         self.prefill_queue_delay = 0.0
         self.transfer_time = 0.0
         self.decode_queue_delay = 0.0
@@ -142,6 +152,24 @@ class SimRequest:
             return self.predicted_output_len
         k = min(generated, len(self.trajectory))
         return k - 1 + float(self.trajectory[k - 1])
+
+    def quantiles_at(self, generated: int) -> Optional[Tuple[float, ...]]:
+        """The total-length quantiles the scheduler holds once ``generated`` tokens exist, as :meth:`predicted_at`."""
+        quantiles = self.predicted_output_quantiles
+        if self.quantile_trajectory is None or quantiles is None or generated < 2:
+            return quantiles
+        k = min(generated, len(self.quantile_trajectory))
+        return tuple(k - 1 + value for value in self.quantile_trajectory[k - 1])
+
+    def reveal_prediction(self) -> None:
+        """The prediction point: the scheduler learns the point and the quantiles."""
+        self.predicted_output_len = self.prediction
+        self.predicted_output_quantiles = self.quantile_prediction
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens (what the kv-footprint key reads)."""
+        return self.input_len
 
 
 class PrefillInstance:
@@ -307,8 +335,13 @@ class EngineInstance:
                 or request.retractions):
             return request.full_reservation
         cap = max(cluster.max_new_tokens - generated, 0)  # never above the full reservation
-        budget = predicted_output_budget(request.predicted_at(generated), generated,
-                                         cluster.kv_prediction_margin, cap, self.sim.scheduling)
+        if cluster.kv_admission is KVAdmission.QUANTILE:
+            distribution = request_distribution(request.predicted_at(generated), request.quantiles_at(generated),
+                                                self.sim.scheduling)
+            budget = quantile_output_budget(distribution, generated, cluster.kv_quantile, cap)
+        else:
+            budget = predicted_output_budget(request.predicted_at(generated), generated,
+                                             cluster.kv_prediction_margin, cap, self.sim.scheduling)
         return request.input_len + generated + budget
 
     def _reserved(self, now: float) -> int:
@@ -482,6 +515,7 @@ class EngineInstance:
         self.kv_reserved -= request.reservation
         request.num_generated_tokens = generated
         request.predicted_output_len = request.predicted_at(generated)  # the waiting queue orders by the latest
+        request.predicted_output_quantiles = request.quantiles_at(generated)
         request.retractions += 1
         request.prefill_left = request.input_len + generated  # recomputed when readmitted
         request.pending_work = predicted_remaining(
@@ -644,9 +678,13 @@ class Simulation:
         scheduling: SchedulingConfig,
         trajectories: Optional[Sequence[Optional[np.ndarray]]] = None,
         seed: int = 0,
+        quantiles: Optional[Sequence[Optional[Tuple[float, ...]]]] = None,
+        quantile_trajectories: Optional[Sequence[Optional[Sequence[Tuple[float, ...]]]]] = None,
     ) -> None:
         """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static.
-        ``seed``: the router's random draws (power-of-two)."""
+        ``seed``: the router's random draws (power-of-two). ``quantiles``: per request its total-length
+        quantiles at ``scheduling.quantile_levels`` (None: point masses at the predictions);
+        ``quantile_trajectories``: its remaining-length quantiles at each output token (as ``trajectories``)."""
         check_kv_admission(cluster, "cluster")
         check_policy(cluster, policy)
         check_fits(trace, cluster)
@@ -659,12 +697,16 @@ class Simulation:
         self.polled_loads: List[RankLoad] = []
         self.arrived = 0
         trajectories = trajectories if trajectories is not None else [None] * len(trace)
+        quantiles = quantiles if quantiles is not None else [None] * len(trace)
+        quantile_trajectories = quantile_trajectories if quantile_trajectories is not None else [None] * len(trace)
+        self.dynamic = self.dynamic or any(q is not None for q in quantile_trajectories)
         self.requests = [
             SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
-                       int(cluster.kv_reservation(input_len, output_len)), trajectory)
-            for index, (arrival, input_len, output_len, prediction, trajectory) in enumerate(
-                zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions, trajectories, strict=True)
-            )
+                       int(cluster.kv_reservation(input_len, output_len)), trajectory,
+                       None if quantile is None else tuple(quantile), quantile_trajectory)
+            for index, (arrival, input_len, output_len, prediction, trajectory, quantile, quantile_trajectory)
+            in enumerate(zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions, trajectories,
+                             quantiles, quantile_trajectories, strict=True))
         ]
         self._events: List[Tuple[float, int, Callable, object]] = []
         self._sequence = itertools.count()
@@ -711,7 +753,7 @@ class Simulation:
     def _arrive(self, now: float, request: SimRequest) -> None:
         self.arrived += 1
         if self.cluster.predict_at is PredictionPoint.ARRIVAL:
-            request.predicted_output_len = request.prediction
+            request.reveal_prediction()
         if self.prefill:
             rank = least_requests_rank([RankLoad(instance.num_requests(), 0.0) for instance in self.prefill])
             self.prefill[rank].enqueue(now, request)
@@ -738,7 +780,7 @@ class Simulation:
         request.first_token_time = request.last_token_time = now
         request.num_generated_tokens = 1
         if self.cluster.predict_at is PredictionPoint.PREFILL:
-            request.predicted_output_len = request.prediction
+            request.reveal_prediction()
 
     def prefill_done(self, now: float, request: SimRequest) -> None:
         """Disaggregated: the prompt's KV goes to the decode instance chosen by the router."""

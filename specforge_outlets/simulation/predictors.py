@@ -12,18 +12,33 @@ the scheduler's prediction follows the predictor's latest estimate as tokens are
 the plugin's EAGLE-3 mode; its value at the prediction point is ``predicted_output_len``. A file
 of several predictors (``outlets eval``'s ``predictions.jsonl.gz``) is read with the one to use
 named (``file_predictor``, ``--file-predictor``): its r̂₀ for ``file``, its trajectory for ``file-dynamic``.
+
+Distributions (issue 27): besides its point, a request can carry quantiles of its total output
+length at the scheduling config's ``quantile_levels`` (:func:`predicted_quantiles`). ``noisy``: a
+log-normal centred on the noisy point with the noise's sigma (what the point's error says about the
+true length), so the distribution keys can be studied without a file. ``file``: the file's static
+quantiles (``quantile_levels`` and ``quantiles``; in ``outlets eval``'s record ``quantiles``
+maps each predictor to ``static`` and ``dynamic``). ``file-dynamic``: re-read after each token like
+the point trajectory (``quantile_trajectory``, the record's ``dynamic``: entry k, the remaining-length
+quantiles at output token k + 1). ``oracle`` and ``none`` carry no quantiles: a request is then a point
+mass at its point prediction (or the prior).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+from dataclasses import fields
 from enum import Enum
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, read_predictions
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, PredictionRow, read_predictions
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.scheduling import LengthDistribution
 from specforge_outlets.serving.trace import Trace
 
 # Default spread of the noisy predictor: sigma = 0.5 puts the 16th-84th percentile of the error
@@ -31,6 +46,9 @@ from specforge_outlets.serving.trace import Trace
 DEFAULT_NOISE_SIGMA = 0.5
 # Equal-count true-length buckets of the empirical error distribution.
 NUM_ERROR_BUCKETS = 8
+# Smallest total-length quantile read from a file: a response has at least one token (files round
+# quantiles to whole tokens, so a low quantile of a short response can read 0).
+MIN_QUANTILE_TOKENS = 1.0
 
 
 class PredictorKind(Enum):
@@ -137,3 +155,156 @@ def with_measured_errors(
         members = bucket_of == index
         errors[members] = log_errors[rng.choice(bucket, size=int(members.sum()))]
     return target * np.exp(errors)
+
+
+# --- predicted distributions (quantiles) ------------------------------------------------------------
+Quantiles = Tuple[float, ...]
+
+
+class FileQuantiles:
+    """One predictor's quantiles in a predictions file, by request id: levels, static totals, trajectories."""
+
+    def __init__(self, levels: Optional[Tuple[float, ...]], static: Dict[str, Quantiles],
+                 trajectories: Dict[str, Tuple[Quantiles, ...]]) -> None:
+        self.levels = levels  # None: the file has no quantiles
+        self.static = static
+        self.trajectories = trajectories
+
+
+def read_file_quantiles(path: str, file_predictor: Optional[str] = None) -> FileQuantiles:
+    """The quantiles of a predictions file (of ``file_predictor`` in a file of several), checked;
+    read once per version of the file (a study reads it for every predictor kind).
+
+    Read from :class:`PredictionRow`'s ``quantile_levels``, ``quantiles`` and ``quantile_trajectory``
+    where the evaluation's reader gives them; otherwise from the file's rows directly: plain rows
+    with those three fields (rows with a ``predictor`` field filtered by it), or ``outlets eval``'s
+    record, whose ``quantile_levels`` is per row and whose ``quantiles`` maps each predictor to
+    ``static`` (totals) and ``dynamic`` (remaining at each output token).
+    """
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    return _read_file_quantiles(path, file_predictor, stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_file_quantiles(path: str, file_predictor: Optional[str], _stamp: Optional[int]) -> FileQuantiles:
+    """:func:`read_file_quantiles`, uncached (``_stamp``: the file's modification time, part of the cache key)."""
+    if "quantiles" in {field.name for field in fields(PredictionRow)}:
+        rows = [(row.id, getattr(row, "quantile_levels", None), getattr(row, "quantiles", None),
+                 getattr(row, "quantile_trajectory", None))
+                for row in read_predictions(path, predictor=file_predictor)]
+    else:
+        read_predictions(path, predictor=file_predictor)  # the file and its rows checked as for the points
+        rows = list(_raw_quantile_rows(path, file_predictor))
+    levels: Optional[Tuple[float, ...]] = None
+    static: Dict[str, Quantiles] = {}
+    trajectories: Dict[str, Tuple[Quantiles, ...]] = {}
+    for request_id, row_levels, totals, trajectory in rows:
+        if row_levels is None and totals is None and trajectory is None:
+            continue
+        where = f"--predictions {path}: id {request_id!r}"
+        row_levels = _checked_levels(row_levels, where)
+        if levels is not None and row_levels != levels:
+            raise OutletsError(f"{where}: quantile_levels {list(row_levels)} differ from an earlier row's {list(levels)}; "
+                               "one set of levels per file")
+        levels = row_levels
+        if totals is not None:
+            static[request_id] = _checked_quantiles(totals, len(levels), f"{where}: quantiles", MIN_QUANTILE_TOKENS)
+        if trajectory is not None:
+            if not isinstance(trajectory, (list, tuple)) or not trajectory:
+                raise OutletsError(f"{where}: quantile_trajectory must be a non-empty list of quantile lists")
+            trajectories[request_id] = tuple(_checked_quantiles(entry, len(levels), f"{where}: quantile_trajectory", 0.0)
+                                             for entry in trajectory)
+    return FileQuantiles(levels, static, trajectories)
+
+
+def _raw_quantile_rows(path: str, file_predictor: Optional[str]):
+    """``(id, levels, static totals, trajectory)`` of each row of the file, as :func:`read_file_quantiles` reads it."""
+    for number, row in iter_jsonl(path):
+        if isinstance(row, BadLine):
+            raise OutletsError(f"--predictions {row}")
+        if isinstance(row.get("static"), dict):  # outlets eval's complete record
+            by_predictor = row.get("quantiles") or {}
+            if not isinstance(by_predictor, dict):
+                raise OutletsError(f"--predictions {path} line {number}: quantiles must be a map by predictor")
+            own = by_predictor.get(file_predictor) if file_predictor else None
+            if own is None:
+                yield str(row.get("id")), None, None, None
+                continue
+            yield str(row.get("id")), row.get("quantile_levels"), own.get("static"), own.get("dynamic")
+        elif file_predictor is None or row.get("predictor", file_predictor) == file_predictor:
+            yield (str(row.get("id")), row.get("quantile_levels"), row.get("quantiles"),
+                   row.get("quantile_trajectory"))
+
+
+def _checked_levels(levels, where: str) -> Tuple[float, ...]:
+    try:
+        return LengthDistribution(tuple(levels), tuple(range(1, len(levels) + 1))).levels
+    except (TypeError, ValueError) as error:
+        raise OutletsError(f"{where}: quantile_levels {levels!r}: {error}") from None
+
+
+def _checked_quantiles(values, count: int, where: str, floor: float) -> Quantiles:
+    """Quantiles as floats, floored at ``floor``; refused naming the field unless ``count`` non-decreasing numbers."""
+    ok = isinstance(values, (list, tuple)) and len(values) == count and all(
+        not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)
+    if not ok or any(b < a for a, b in zip(values, values[1:])):
+        raise OutletsError(f"{where} must be {count} non-decreasing non-negative numbers (one per level), got {values!r}")
+    return tuple(max(float(v), floor) for v in values)
+
+
+def predicted_quantiles(
+    kind: PredictorKind, trace: Trace, predictions: Sequence[Optional[float]], levels: Sequence[float],
+    noise_sigma: float = DEFAULT_NOISE_SIGMA, predictions_path: Optional[str] = None,
+    file_predictor: Optional[str] = None,
+) -> Optional[List[Optional[Quantiles]]]:
+    """Per trace request its total-length quantiles at ``levels``; None: this predictor gives none.
+
+    ``noisy``: ``point * exp(sigma * Phi^-1(p))`` around each request's noisy point (``predictions``).
+    ``file`` and ``file-dynamic``: the file's static quantiles, joined by id (every trace id needs
+    them once the file has any; its levels must be ``levels``); None when the file has none or is
+    not joined by id (errors sampled by true length carry no quantiles).
+    """
+    if kind is PredictorKind.NOISY:
+        return [None if point is None else LengthDistribution.log_normal(point, noise_sigma, tuple(levels)).quantiles
+                for point in predictions]
+    if kind not in (PredictorKind.FILE, PredictorKind.FILE_DYNAMIC) or predictions_path is None:
+        return None
+    found = read_file_quantiles(predictions_path, file_predictor)
+    if found.levels is None or not found.static:
+        return None
+    if not any(request_id in found.static for request_id in trace.ids):
+        return None  # a lengths-only trace: errors sampled by true length, no quantiles
+    _check_levels(predictions_path, found.levels, levels)
+    missing = [request_id for request_id in trace.ids if request_id not in found.static]
+    if missing:
+        raise OutletsError(f"--predictions {predictions_path}: trace id {missing[0]!r} has no quantiles "
+                           f"({len(missing)} of {len(trace)} missing); every trace id needs them, or none")
+    return [found.static[request_id] for request_id in trace.ids]
+
+
+def predicted_quantile_trajectories(
+    kind: PredictorKind, trace: Trace, levels: Sequence[float], predictions_path: Optional[str],
+    file_predictor: Optional[str] = None,
+) -> Optional[List[Tuple[Quantiles, ...]]]:
+    """Per trace request its remaining-length quantiles at each output token (``file-dynamic``); None: static."""
+    if kind is not PredictorKind.FILE_DYNAMIC or predictions_path is None:
+        return None
+    found = read_file_quantiles(predictions_path, file_predictor)
+    if found.levels is None or not found.trajectories:
+        return None
+    _check_levels(predictions_path, found.levels, levels)
+    missing = [request_id for request_id in trace.ids if request_id not in found.trajectories]
+    if missing:
+        raise OutletsError(f"--predictions {predictions_path}: trace id {missing[0]!r} has no quantile_trajectory "
+                           f"({len(missing)} of {len(trace)} missing); file-dynamic replays each request's own "
+                           "quantiles, so every trace id needs them")
+    return [found.trajectories[request_id] for request_id in trace.ids]
+
+
+def _check_levels(path: str, found: Tuple[float, ...], levels: Sequence[float]) -> None:
+    if tuple(found) != tuple(float(level) for level in levels):
+        raise OutletsError(f"--predictions {path}: quantile_levels {list(found)} differ from the scheduling "
+                           f"config's quantile_levels {list(levels)}; simulate with the file's levels")

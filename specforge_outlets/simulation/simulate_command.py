@@ -7,8 +7,8 @@ import dataclasses
 
 def register(subparsers) -> None:
     from specforge_outlets.scheduling.keys import (
-        DEFAULT_AGING_TOKENS_PER_S, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN, DEFAULT_MAX_RETRACTIONS,
-        DEFAULT_PRIOR_OUTPUT_LEN,
+        DEFAULT_AGING_TOKENS_PER_S, DEFAULT_FOOTPRINT_CONTEXT_TOKENS, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN,
+        DEFAULT_MAX_RETRACTIONS, DEFAULT_PRIOR_OUTPUT_LEN, DEFAULT_RISK_BETA, OrderKey,
     )
 
     parser = subparsers.add_parser(
@@ -72,6 +72,19 @@ def register(subparsers) -> None:
                              "predicted-long one (0: FCFS; starvation only at 1/holdback times overload)")
     parser.add_argument("--max-retractions", type=int, default=DEFAULT_MAX_RETRACTIONS,
                         help="kv_admission predicted: retract a request at most this often while others can go")
+    parser.add_argument("--order-key", default=OrderKey.POINT.value, choices=[key.value for key in OrderKey],
+                        help="what sjf orders by: point (the predicted remaining length, default), or the predicted "
+                             "distribution's mean, risk (mean + --risk-beta x CVaR_0.9), gittins (its Gittins rank), "
+                             "kv-footprint (E[(prompt + generated + R/2) R], the KV held over the decode); a request "
+                             "without quantiles is a point mass at its prediction (noisy: a log-normal around it)")
+    parser.add_argument("--risk-beta", type=float, default=DEFAULT_RISK_BETA,
+                        help="--order-key risk: weight of CVaR_0.9 of the remaining length")
+    parser.add_argument("--footprint-context", type=float, default=DEFAULT_FOOTPRINT_CONTEXT_TOKENS,
+                        help="--order-key kv-footprint: KV tokens the footprint is divided by, so that it ages in "
+                             "tokens (about the trace's mean prompt + half output)")
+    parser.add_argument("--long-class-quantile", type=float, default=None, metavar="Q",
+                        help="tail-safe: a request is long when the Q-quantile of its predicted remaining length "
+                             "reaches --long-output-len (e.g. 0.9; default: by the point prediction)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
@@ -82,7 +95,7 @@ def run(args) -> int:
     from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
-    from specforge_outlets.simulation.predictors import PredictorKind
+    from specforge_outlets.simulation.predictors import PredictorKind, read_file_quantiles
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
     from specforge_outlets.serving.metrics import parse_goodput
@@ -99,17 +112,22 @@ def run(args) -> int:
             if args.num_requests < 1:
                 raise OutletsError(f"--num-requests must be at least 1, got {args.num_requests}")
             trace = trace.head(args.num_requests)
+    if args.file_predictor and not args.predictions:
+        raise OutletsError(f"--file-predictor {args.file_predictor} names a predictor inside a --predictions file; "
+                           "add --predictions FILE (e.g. outlets eval's predictions.jsonl.gz)")
+    # a file with quantiles sets the levels the requests carry them at (noisy's too)
+    file_levels = read_file_quantiles(args.predictions, args.file_predictor).levels if args.predictions else None
     try:
         scheduling = SchedulingConfig(args.prior_output_len, args.aging_rate, args.long_output_len, args.long_holdback,
-                                      args.max_retractions)
+                                      args.max_retractions, order_key=args.order_key, risk_beta=args.risk_beta,
+                                      footprint_context_tokens=args.footprint_context,
+                                      long_class_quantile=args.long_class_quantile,
+                                      **({"quantile_levels": file_levels} if file_levels else {}))
     except ValueError as exc:
         raise OutletsError(f"scheduling settings: {exc}") from None
     if args.short_threshold < 1:
         raise OutletsError(f"--short-threshold must be at least 1, got {args.short_threshold}")
     predictor = PredictorKind(args.predictor)
-    if args.file_predictor and not args.predictions:
-        raise OutletsError(f"--file-predictor {args.file_predictor} names a predictor inside a --predictions file; "
-                           "add --predictions FILE (e.g. outlets eval's predictions.jsonl.gz)")
     study_predictors = [] if args.no_controlled_study else [PredictorKind.NONE, PredictorKind.NOISY, PredictorKind.ORACLE]
     if args.predictions and not args.no_controlled_study:
         study_predictors.insert(2, PredictorKind.FILE)

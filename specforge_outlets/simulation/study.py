@@ -9,10 +9,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig
-from specforge_outlets.simulation.cluster import ClusterConfig
+from specforge_outlets.errors import OutletsError
+from specforge_outlets.scheduling import OrderKey, QueuePolicy, RoutingPolicy, SchedulingConfig
+from specforge_outlets.simulation.cluster import ClusterConfig, KVAdmission
 from specforge_outlets.simulation.engine import Policy, Simulation, check_policy
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths, predicted_trajectories
+from specforge_outlets.simulation.predictors import (
+    PredictorKind,
+    predict_lengths,
+    predicted_quantile_trajectories,
+    predicted_quantiles,
+    predicted_trajectories,
+)
 from specforge_outlets.serving.metrics import DEFAULT_SHORT_THRESHOLD, summarize_requests
 from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation.engine import SimulationResult
@@ -78,13 +85,22 @@ def run_study(
                                          plan.file_predictor) for kind in kinds}
     trajectories = {kind: predicted_trajectories(kind, trace, plan.predictions_path, plan.file_predictor)
                     for kind in kinds}
+    levels = scheduling.quantile_levels
+    quantiles = {kind: predicted_quantiles(kind, trace, predictions[kind], levels, plan.noise_sigma,
+                                           plan.predictions_path, plan.file_predictor) for kind in kinds}
+    quantile_trajectories = {kind: predicted_quantile_trajectories(kind, trace, levels, plan.predictions_path,
+                                                                   plan.file_predictor) for kind in kinds}
+    for kind in sorted(kinds, key=lambda kind: kind.value):
+        check_distribution_inputs(kind, quantiles[kind], quantile_trajectories[kind], cluster, scheduling,
+                                  plan.predictions_path, plan.file_predictor)
     rows = []
     for rate_scale in plan.rate_scales:
         scaled = trace.scaled(rate_scale)
         for study, policy, predictor in runs:
             started = time.perf_counter()
             result = Simulation(scaled, predictions[predictor], cluster, policy, scheduling,
-                                trajectories[predictor], plan.seed).run()
+                                trajectories[predictor], plan.seed, quantiles[predictor],
+                                quantile_trajectories[predictor]).run()
             wall_s = time.perf_counter() - started
             metrics = summarize(result, plan.short_threshold, plan.slo)
             rows.append({
@@ -104,3 +120,40 @@ def run_study(
                 f"({wall_s:.1f} s)"
             )
     return rows
+
+
+def distribution_settings(cluster: ClusterConfig, scheduling: SchedulingConfig) -> List[str]:
+    """The settings of a run that read each request's predicted distribution, as a user names them."""
+    settings = []
+    if cluster.kv_admission is KVAdmission.QUANTILE:
+        settings.append("kv_admission quantile (cluster config)")
+    if scheduling.order_key is not OrderKey.POINT:
+        settings.append(f"--order-key {scheduling.order_key.value}")
+    if scheduling.long_class_quantile is not None:
+        settings.append(f"--long-class-quantile {scheduling.long_class_quantile:g}")
+    return settings
+
+
+def check_distribution_inputs(kind: PredictorKind, quantiles, quantile_trajectories, cluster: ClusterConfig,
+                              scheduling: SchedulingConfig, predictions_path: Optional[str],
+                              file_predictor: Optional[str] = None) -> None:
+    """Refuse a file predictor without quantiles where a setting reads distributions.
+
+    Without quantiles every request would be a point mass at its point prediction, and the run
+    would silently be the point prediction's. (noisy always has quantiles; oracle and none are point
+    masses by design.) file-dynamic needs the quantiles re-predicted with the point.
+    """
+    settings = distribution_settings(cluster, scheduling)
+    if not settings or kind not in (PredictorKind.FILE, PredictorKind.FILE_DYNAMIC):
+        return
+    whose = f" for --file-predictor {file_predictor!r}" if file_predictor else ""
+    if quantiles is None:
+        raise OutletsError(
+            f"{', '.join(settings)} read each request's predicted distribution, but --predictions {predictions_path} "
+            f"has no quantiles{whose} joined to the trace ids (quantile_levels, quantiles): use a file with quantiles, "
+            "--predictor noisy (log-normal around its point), or the point settings")
+    if kind is PredictorKind.FILE_DYNAMIC and quantile_trajectories is None:
+        raise OutletsError(
+            f"{', '.join(settings)} with --predictor file-dynamic re-read each request's distribution as it decodes, "
+            f"but --predictions {predictions_path} has no quantile_trajectory{whose}: use --predictor file, or a "
+            "file with dynamic quantiles")
