@@ -12,12 +12,15 @@ import sys
 
 from sglang_patches import state
 from sglang_patches.settings import (
+    ENV_QUANTILE_LEVELS,
     FLAGS,
     POLICY_NAME,
     OutletsSettingsError,
     check_draft_fits_target,
     check_radix_cache_disabled,
+    draft_quantile_levels,
     is_outlets_speculative_draft,
+    quantile_levels,
     validate_draft_dir,
 )
 
@@ -45,9 +48,12 @@ def from_cli_args_after(server_args, cls, args: argparse.Namespace):
             os.environ[env] = str(value)
     state.reset_settings()
     try:
-        current = state.settings()
         speculative = is_outlets_speculative_draft(getattr(args, "speculative_algorithm", None),
                                                    getattr(args, "speculative_draft_model_path", None))
+        if speculative and state.features_asked(getattr(args, "schedule_policy", None),
+                                                getattr(args, "load_balance_method", None), None, True):
+            use_speculative_draft_levels(args.speculative_draft_model_path)
+        current = state.settings()
         asked = state.features_asked(getattr(args, "schedule_policy", None), getattr(args, "load_balance_method", None),
                                      current.draft_path, speculative)
         if asked:
@@ -58,6 +64,18 @@ def from_cli_args_after(server_args, cls, args: argparse.Namespace):
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None
     return server_args
+
+
+def use_speculative_draft_levels(draft_path: str) -> None:
+    """EAGLE-3 mode with a draft that has a quantile head: its levels become every process's quantile levels
+    (the draft path is SGLang's flag, not ours, so the spawned processes learn them from the environment);
+    ``--outlets-quantile-levels`` other than the draft's is refused."""
+    levels = draft_quantile_levels(draft_path)
+    if levels is not None:
+        levels = quantile_levels(os.environ.get(ENV_QUANTILE_LEVELS) or "", levels,
+                                 f"--speculative-draft-model-path {draft_path}")
+        os.environ[ENV_QUANTILE_LEVELS] = ",".join(repr(level) for level in levels)
+        state.reset_settings()
 
 
 def check_predictor_only_args(draft_path: str, args: argparse.Namespace) -> None:

@@ -16,7 +16,9 @@ A value already in ``custom_params`` wins.
 
 Under an OUTLETS policy a prediction that is not a positive number of tokens is refused with the
 request's id (HTTP 400, or an error event on a stream), wherever it came from: a bad value is a
-client bug that would otherwise hide behind the prior.
+client bug that would otherwise hide behind the prior. So are quantiles (``outlets_predicted_quantiles``:
+a list, or in ``custom_labels`` a string "q1,q2,...") that are not one positive token count per
+quantile level of the server, non-decreasing.
 
 ``/v1/completions`` keeps a top-level ``custom_params`` through the router and needs none of this.
 """
@@ -26,12 +28,13 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from sglang_patches import state
-from sglang_patches.settings import CUSTOM_PARAM_KEY, parse_prediction
+from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY, parse_prediction, parse_quantiles
 from specforge_outlets.benchmarking.end_at_length import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
 
 # custom_labels keys moved into custom_params, each with how its string becomes the value read there
-# (the prediction stays as sent: it is parsed, and refused if bad, where every prediction is)
-LABEL_PARAMS: Dict[str, Callable[[str], Any]] = {CUSTOM_PARAM_KEY: str, OUTPUT_LEN_PARAM: int, STOP_TOKEN_PARAM: int}
+# (the prediction and its quantiles stay as sent: they are parsed, and refused if bad, where every prediction is)
+LABEL_PARAMS: Dict[str, Callable[[str], Any]] = {CUSTOM_PARAM_KEY: str, QUANTILES_PARAM_KEY: str,
+                                                 OUTPUT_LEN_PARAM: int, STOP_TOKEN_PARAM: int}
 
 
 def _with_params(sampling_params, moved: Dict[str, Any]):
@@ -65,12 +68,25 @@ def move_labels_to_custom_params(obj) -> None:
 
 
 def refuse_bad_prediction(obj) -> None:
-    """ValueError naming the request when a normalised ``GenerateReqInput`` carries an unusable prediction."""
+    """ValueError naming the request when a normalised ``GenerateReqInput`` carries an unusable prediction
+    or unusable quantiles."""
     items = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params]
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid] * len(items)
+    levels = None
     for rid, sampling in zip(rids, items):
         custom = sampling.get("custom_params") if isinstance(sampling, dict) else None
-        if not isinstance(custom, dict) or CUSTOM_PARAM_KEY not in custom:
+        if not isinstance(custom, dict):
+            continue
+        if custom.get(QUANTILES_PARAM_KEY) is not None:
+            levels = levels or state.settings().scheduling.quantile_levels
+            try:
+                parse_quantiles(custom[QUANTILES_PARAM_KEY], levels)
+            except ValueError as error:
+                raise ValueError(f"request {rid}: {QUANTILES_PARAM_KEY} = {custom[QUANTILES_PARAM_KEY]!r} is not usable "
+                                 f"({error}); send one predicted total output length per quantile level "
+                                 f"({','.join(f'{level:g}' for level in levels)}), non-decreasing, or leave it "
+                                 "out") from None
+        if CUSTOM_PARAM_KEY not in custom:
             continue
         value = custom[CUSTOM_PARAM_KEY]
         try:

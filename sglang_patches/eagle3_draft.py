@@ -15,8 +15,11 @@ only what OUTLETS trained on top of it:
   one output, or one logit per bucket for ``bucket_edges``), reading the same final-normed draft
   state as the LM head; :meth:`OutletsLlamaForCausalLMEagle3.length_log_remaining` turns that state
   into ``z = log(1 + remaining tokens)``.
+- the **quantile head** ``quantile_head.mlp`` (issue 27; only when ``outlets_config.quantile_levels``
+  is set), on the same state: :meth:`OutletsLlamaForCausalLMEagle3.log_remaining_quantiles_from_draft_state`
+  gives the z quantiles of the remaining length at those levels.
 - **weight routing**: SGLang's EAGLE-3 ``load_weights`` would rename ``self_attn.gate_proj`` to the
-  MLP's ``gate_up_proj`` and skip it, and skips ``length_head.*`` silently; here those names are
+  MLP's ``gate_up_proj`` and skip it, and skips ``length_head.*`` (and ``quantile_head.*``) silently; here those names are
   loaded into this class's modules and the rest go to the stock loader. A missing weight of the
   export (gate, length head, or a stock EAGLE-3 weight) is refused with a message naming it.
 
@@ -41,6 +44,7 @@ from sglang.srt.utils import add_prefix
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
+from specforge_outlets.model.quantile_head import QuantileHead
 from specforge_outlets.serving.draft_modes import eagle3_refusal
 from sglang_patches.settings import DRAFT_ARCHITECTURE
 
@@ -153,6 +157,9 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} is not a valid MLP")
         # the training module itself (torch only), so that the names and the maths cannot drift
         self.length_head = LengthHead([int(w) for w in widths], outlets.bucket_edges)
+        # the quantile head (issue 27), the training module too; None for an export trained without one
+        self.quantile_head = (QuantileHead([int(w) for w in widths], outlets.quantile_levels)
+                              if outlets.quantile_levels else None)
 
     # -- weights ----------------------------------------------------------------------------------------
     def expected_export_weights(self) -> List[str]:
@@ -171,11 +178,18 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if self.gated_attention:
             names += list(GATE_WEIGHTS)
         names += [f"length_head.{name}" for name, _ in self.length_head.named_parameters()]
+        if self.quantile_head is not None:
+            names += [f"quantile_head.{name}" for name, _ in self.quantile_head.named_parameters()]
         return names
 
     def _outlets_param(self, name: str) -> Optional[str]:
         """Parameter name of an OUTLETS-only weight (gate, length head); None for stock weights."""
         if name.startswith("length_head."):
+            return name
+        if name.startswith("quantile_head."):
+            if self.quantile_head is None:
+                raise OutletsDraftError(
+                    f"{ARCHITECTURE}: the weights hold {name} but outlets_config has no quantile_levels")
             return name
         if ".self_attn.gate_proj." in name:
             if not self.gated_attention:
@@ -244,6 +258,15 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         """
         states = draft_states if self.model.norm_output else self.model.norm(draft_states)
         return self.length_log_remaining(states)
+
+    def log_remaining_quantiles_from_draft_state(self, draft_states: torch.Tensor) -> torch.Tensor:
+        """[B, H] the worker's recurrent draft state -> [B, K] z quantiles of the remaining length, float32,
+        at ``outlets_config.quantile_levels`` (non-decreasing; the export must have a quantile head)."""
+        if self.quantile_head is None:
+            raise OutletsDraftError(f"{ARCHITECTURE}: this export has no quantile head (outlets_config.quantile_levels)")
+        states = draft_states if self.model.norm_output else self.model.norm(draft_states)
+        raw = self.quantile_head(states.to(self.quantile_head.mlp[0].weight.dtype))
+        return QuantileHead.log_remaining_quantiles(raw).float()
 
     def require_draft_state_head(self) -> None:
         """Refuse EAGLE-3 mode for a head trained on the fused target features (not the draft state)."""

@@ -10,6 +10,11 @@ plugin charges the predicted remaining length plus a margin instead
   request asks for its predicted budget as ``max_new_tokens``, so SGLang's own admission arithmetic
   charges the budget; the request's real ``max_new_tokens`` is back before anything else reads it.
 
+With ``--outlets-kv-quantile Q`` the charge is instead the Q-quantile of the predicted remaining length
+(``specforge_outlets.scheduling.quantile_output_budget`` on the request's distribution,
+``request_distribution``): its quantiles when it has them, else a point mass at its prediction, which
+charges the predicted remaining without a margin (as the simulator's ``kv_admission: quantile``).
+
 A request that ignores EOS runs to ``max_new_tokens`` whatever is predicted and is charged as stock.
 Requests are predicted at admission only when the prediction came with them (``custom_params``) or
 they were predicted before (a retracted request back in the queue).
@@ -19,14 +24,15 @@ from __future__ import annotations
 
 from sglang_patches import predictions as P
 from sglang_patches import state
-from specforge_outlets.scheduling import predicted_output_budget
+from specforge_outlets.scheduling import predicted_output_budget, quantile_output_budget, request_distribution
 
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 
 
 def _predicted_budget(req):
     """Output KV tokens to charge ``req`` from now on, or None to charge as SGLang does."""
-    margin = state.settings().kv_margin
+    current = state.settings()
+    margin = current.kv_margin
     if margin is None or not state.schedule_policy_is_outlets() or P.prediction(req) is None:
         return None
     if getattr(getattr(req, "sampling_params", None), "ignore_eos", False):
@@ -34,7 +40,11 @@ def _predicted_budget(req):
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
     cap = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-    return predicted_output_budget(P.prediction(req), P.num_generated(req), margin, cap, state.settings().scheduling)
+    config = current.scheduling
+    if current.kv_quantile is not None:
+        distribution = request_distribution(P.prediction(req), P.predicted_quantiles(req), config)
+        return quantile_output_budget(distribution, P.num_generated(req), current.kv_quantile, cap)
+    return predicted_output_budget(P.prediction(req), P.num_generated(req), margin, cap, config)
 
 
 def running_token_offset_around(original, self, req):

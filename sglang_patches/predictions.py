@@ -11,22 +11,29 @@ import threading
 import time
 from itertools import compress
 from operator import attrgetter
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from specforge_outlets.scheduling import (
+    OrderKey,
     RequestKeys,
     SchedulingConfig,
     is_predicted_long,
     predicted_remaining,
+    request_distribution,
+    request_prompt_len,
     short_merge_key,
     sjf_sort_key,
 )
 from sglang_patches.settings import (
     CUSTOM_PARAM_KEY,
     META_INFO_KEY,
+    QUANTILES_META_KEY,
+    QUANTILES_PARAM_KEY,
     REMAINING_AFTER_META_KEY,
     REMAINING_META_KEY,
+    REMAINING_QUANTILES_META_KEY,
     parse_prediction,
+    parse_quantiles,
 )
 
 logger = logging.getLogger("sglang_patches")
@@ -36,6 +43,11 @@ ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prefill" (PD 
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
 # (config, tokens generated, predicted remaining): remaining(), for the requests routing and KV admission read
 ATTR_REMAINING = "outlets_predicted_remaining"
+# tuple of the TOTAL output length's quantiles at the config's quantile_levels (issue 27), or None: a point mass at
+# the prediction. Set with the prediction and from the same source (the request's own, the draft, the prefill).
+ATTR_QUANTILES = "outlets_predicted_output_quantiles"
+# Smallest total-length quantile kept: a draft may predict 0 remaining at prefill, the core's distributions need > 0
+MIN_QUANTILE = 1e-3
 _read_arrival = attrgetter(ATTR_ARRIVAL)
 
 
@@ -82,13 +94,34 @@ def is_external(req) -> bool:
     return getattr(req, ATTR_SOURCE, None) == "external"
 
 
-def set_prediction(req, value: float, source: str) -> None:
-    """r̂_0: the request's predicted output length, reported as ``predicted_output_len``."""
-    _predict_total(req, value, source)
+def predicted_quantiles(req) -> Optional[Tuple[float, ...]]:
+    """The request's total-length quantiles at the config's levels; None: a point mass at :func:`prediction`."""
+    return getattr(req, ATTR_QUANTILES, None)
+
+
+def set_prediction(req, value: float, source: str, quantiles: Optional[Sequence[float]] = None) -> None:
+    """r̂_0: the request's predicted output length, reported as ``predicted_output_len``, and, when the source
+    gives them, the quantiles of that length (``predicted_output_quantiles``); a prediction without
+    quantiles replaces earlier ones (the request is a point mass at ``value`` again)."""
+    totals = None if quantiles is None else _total_quantiles(quantiles)
+    _predict_total(req, value, source, totals)
     _report(req, META_INFO_KEY, value)
+    if totals is not None:
+        _report(req, QUANTILES_META_KEY, totals)
 
 
-def set_remaining_estimate(req, estimate: float, output_len: int) -> None:
+def _total_quantiles(values: Sequence[float]) -> Tuple[float, ...]:
+    """Quantiles as the core reads them: floats, at least :data:`MIN_QUANTILE`, non-decreasing (a running maximum
+    undoes a float rounding that crossed two equal ones)."""
+    totals, highest = [], MIN_QUANTILE
+    for value in values:
+        highest = max(highest, float(value))
+        totals.append(highest)
+    return tuple(totals)
+
+
+def set_remaining_estimate(req, estimate: float, output_len: int,
+                           remaining_quantiles: Optional[Sequence[float]] = None) -> None:
     """r̂_t from the running EAGLE-3 draft, read at the ``output_len``-th output token.
 
     The head's estimate at a token counts that token (the labels are L, L-1, ..., 1 from the first
@@ -96,18 +129,28 @@ def set_remaining_estimate(req, estimate: float, output_len: int) -> None:
     ``output_len - 1 + estimate`` tokens. That total replaces the prediction every reader uses (the
     order keys, retraction, KV admission, routing), so each falls by one per token generated until
     the next estimate; the first estimate (``output_len == 1``, at prefill) is r̂_0 itself.
+
+    ``remaining_quantiles`` (the draft's quantile head, read on the same state) are stored the same
+    way, as total-length quantiles ``output_len - 1 + r_q``, and reported as the remaining-length
+    quantiles after ``output_len`` tokens (``predicted_remaining_quantiles``).
     """
-    total = output_len - 1 + float(estimate)
+    offset = output_len - 1
+    total = offset + float(estimate)
+    totals = None if remaining_quantiles is None else [offset + float(value) for value in remaining_quantiles]
     if output_len <= 1:
-        set_prediction(req, total, "draft")
+        set_prediction(req, total, "draft", totals)
         return
-    _predict_total(req, total, "draft")
-    _report(req, REMAINING_META_KEY, max(total - output_len, 0.0), at_output=output_len - 1)
-    _report(req, REMAINING_AFTER_META_KEY, output_len, at_output=output_len - 1)
+    totals = None if totals is None else _total_quantiles(totals)
+    _predict_total(req, total, "draft", totals)
+    _report(req, REMAINING_META_KEY, max(total - output_len, 0.0), at_output=offset)
+    _report(req, REMAINING_AFTER_META_KEY, output_len, at_output=offset)
+    if totals is not None:
+        _report(req, REMAINING_QUANTILES_META_KEY, [max(value - output_len, 0.0) for value in totals], at_output=offset)
 
 
-def _predict_total(req, value: float, source: str) -> None:
+def _predict_total(req, value: float, source: str, totals: Optional[Tuple[float, ...]] = None) -> None:
     setattr(req, ATTR_PREDICTION, float(value))
+    setattr(req, ATTR_QUANTILES, totals)
     setattr(req, ATTR_REMAINING, None)
     drop_order_keys(req)
     setattr(req, ATTR_SOURCE, source)
@@ -128,7 +171,14 @@ def _report(req, key: str, value, at_output: int = 0) -> None:
         except AttributeError:
             return
     # only the latest value is kept (earlier ones were streamed with their tokens already)
-    info[key] = TokenAlignedValue(at_output, value if isinstance(value, int) else round(float(value), 3))
+    info[key] = TokenAlignedValue(at_output, _reported(value))
+
+
+def _reported(value):
+    """A value as ``meta_info`` shows it: integers as they are, floats to 3 decimals, quantiles as a list of those."""
+    if isinstance(value, (list, tuple)):
+        return [round(float(item), 3) for item in value]
+    return value if isinstance(value, int) else round(float(value), 3)
 
 
 class TokenAlignedValue:
@@ -180,18 +230,41 @@ def external_prediction(sampling_params) -> Optional[float]:
     return parse_prediction(params[CUSTOM_PARAM_KEY])
 
 
+def external_quantiles(sampling_params, levels: Sequence[float]) -> Optional[Tuple[float, ...]]:
+    """The externally supplied total-length quantiles (at ``levels``) of a request's sampling params; None if absent.
+
+    Raises ValueError if present but unusable."""
+    params = getattr(sampling_params, "custom_params", None)
+    if not isinstance(params, dict) or params.get(QUANTILES_PARAM_KEY) is None:
+        return None
+    return parse_quantiles(params[QUANTILES_PARAM_KEY], levels)
+
+
 def assign_external_prediction(req, config: SchedulingConfig) -> bool:
-    """Take a request's externally supplied prediction, if any. True if one was present."""
+    """Take a request's externally supplied prediction and quantiles, if any. True if either was present.
+
+    The client's prediction is taken whole: a request that brings a point prediction or quantiles is
+    not predicted by a draft at all (neither), as a point prediction alone already was not. Quantiles
+    without a point prediction give it as their median (the core's :class:`LengthDistribution`);
+    a point prediction without quantiles is a point mass."""
     if prediction(req) is not None:
         return True
+    sampling_params = getattr(req, "sampling_params", None)
     try:
-        value = external_prediction(getattr(req, "sampling_params", None))
+        value = external_prediction(sampling_params)
     except (TypeError, ValueError) as error:
         fall_back_to_prior(req, config, f"bad {CUSTOM_PARAM_KEY}: {error}")
         return True
-    if value is None:
+    try:
+        totals = external_quantiles(sampling_params, config.quantile_levels)
+    except (TypeError, ValueError) as error:
+        fall_back_to_prior(req, config, f"bad {QUANTILES_PARAM_KEY}: {error}")
+        return True
+    if value is None and totals is None:
         return False
-    set_prediction(req, value, "external")
+    if value is None:
+        value = request_distribution(None, totals, config).quantile(0.5)
+    set_prediction(req, value, "external", totals)
     return True
 
 
@@ -305,11 +378,19 @@ class CachedOrderKeys(RequestKeys):
     def _compute(self, req) -> None:
         stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
         arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), num_generated(req)
-        table = self._table
+        config, table = self.config, self._table
+        # The distribution keys are the core's too, read once per stay like the point key: a waiting
+        # request's quantiles change only with a new prediction and its generated tokens only through a
+        # retraction, and both drop its keys.
+        if config.order_key is OrderKey.POINT:
+            key = sjf_sort_key(predicted, generated, arrival, config)
+        else:
+            prompt_len = request_prompt_len(req) if config.order_key is OrderKey.KV_FOOTPRINT else 0
+            key = sjf_sort_key(predicted, generated, arrival, config, predicted_quantiles(req), prompt_len)
         try:
-            table.sjf[req] = sjf_sort_key(predicted, generated, arrival, self.config)
+            table.sjf[req] = key
         except TypeError as error:
             raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(req).__name__} must hash by "
                             f"identity, as SGLang's Req does: {error}") from error
-        table.long[req] = is_predicted_long(predicted, generated, self.config)
+        table.long[req] = is_predicted_long(predicted, generated, config, predicted_quantiles(req))
         table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order

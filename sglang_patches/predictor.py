@@ -7,8 +7,10 @@ hook slices the captured ``[tokens, 3H]`` features per request, accumulates them
 prefill, and once a request's whole prompt has been prefilled and its first token sampled, runs
 the OUTLETS draft backbone and length head over the prompt (position j reads the fused features
 at j and the embedding of token j+1; the last prompt position reads the first sampled token) and
-sets r̂_0 on the request. Any failure falls back to the prior (counted, logged); the request is
-served either way.
+sets r̂_0 on the request; a draft exported with a quantile head (``outlets_config.quantile_levels``)
+gives the quantiles of the output length at the same position (z quantiles from
+``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, tokens = expm1(z)). Any failure
+falls back to the prior (counted, logged); the request is served either way.
 
 Supported targets: models whose SGLang implementation runs ``sglang.srt.models.llama.LlamaModel``
 (the Llama family, e.g. SmolLM2, Llama 3.x). Prefix caching must be off (``--disable-radix-cache``):
@@ -162,19 +164,37 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         try:
             if next_token_ids is None:
                 raise RuntimeError("first token not sampled in this pass (delayed sampling)")
-            completed.append((req, _predictor.prompt_log_remaining(torch.cat(features, dim=0), prompt,
-                                                                   next_token_ids[index])))
+            completed.append((req, prompt_outputs(torch.cat(features, dim=0), prompt, next_token_ids[index])))
         except Exception as error:
             P.fall_back_to_prior(req, config, repr(error))
     if not completed:
         return
     # The one synchronisation: the scheduler keeps its requests, and their predictions, on the host.
-    values = torch.expm1(torch.stack([z for _, z in completed]).float()).clamp_min(0.0).tolist()
-    for (req, _), value in zip(completed, values):
-        if math.isfinite(value):
-            P.set_prediction(req, value, "draft")
-        else:
+    rows = torch.expm1(torch.stack([z for _, z in completed]).float()).clamp_min(0.0).tolist()
+    for (req, _), row in zip(completed, rows):
+        value, quantiles = (row, None) if isinstance(row, float) else (row[0], row[1:])
+        if not math.isfinite(value):
             P.fall_back_to_prior(req, config, f"prediction is not finite ({value})")
+        elif quantiles is not None and not all(map(math.isfinite, quantiles)):
+            P.fall_back_to_prior(req, config, f"quantiles are not finite ({quantiles})")
+        else:
+            P.set_prediction(req, value, "draft", quantiles)
+
+
+def prompt_outputs(fused_features, prompt, first_token):
+    """z of r̂_0 (0-dim), or with a quantile head [1 + K]: z of r̂_0, then the K z quantiles, on the target's device.
+
+    Without a quantile head this is ``OutletsLengthPredictor.prompt_log_remaining``; with one both heads
+    read the same state, at the last prompt position reading the first sampled token."""
+    import torch
+
+    if _predictor.quantile_head is None:
+        return _predictor.prompt_log_remaining(fused_features, prompt, first_token)
+    device = _predictor.device
+    ids = torch.as_tensor(list(prompt)[1:], dtype=torch.long).to(device, non_blocking=True)
+    first = torch.as_tensor(first_token, dtype=torch.long).to(device).reshape(1)
+    state = _predictor.states(fused_features.to(device), torch.cat([ids, first]))[-1:]
+    return torch.cat([_predictor.log_remaining(state), _predictor.log_remaining_quantiles(state)[0]])
 
 
 HOOK_TARGETS = [

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence, Tuple
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.fusion import validate_fusion_layers
@@ -24,6 +24,8 @@ from specforge_outlets.scheduling import (
     DEFAULT_LONG_OUTPUT_LEN,
     DEFAULT_MAX_RETRACTIONS,
     DEFAULT_PRIOR_OUTPUT_LEN,
+    DEFAULT_QUANTILE_LEVELS,
+    OrderKey,
     QueuePolicy,
     SchedulingConfig,
 )
@@ -45,6 +47,12 @@ ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
 KV_ADMISSION_OFF = "off"
 ENV_MAX_RETRACTIONS = "OUTLETS_MAX_RETRACTIONS"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
+# Predicted length distributions (issue 27): what the SJF order reads, the tail-safe class, KV admission by a quantile,
+# and the levels of every request's quantiles
+ENV_ORDER_KEY = "OUTLETS_ORDER_KEY"
+ENV_LONG_CLASS_QUANTILE = "OUTLETS_LONG_CLASS_QUANTILE"
+ENV_KV_QUANTILE = "OUTLETS_KV_QUANTILE"
+ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
 # length class's P99 several times worse than FCFS under overload (docs/serving.md).
@@ -57,6 +65,13 @@ META_INFO_KEY = "predicted_output_len"
 # Keys of the latest remaining-length estimate in EAGLE-3 mode (r̂_t) and of the output length it was made at.
 REMAINING_META_KEY = "predicted_remaining_len"
 REMAINING_AFTER_META_KEY = "predicted_remaining_after"
+# Key of externally supplied quantiles of the TOTAL output length (token counts at the server's quantile levels) in
+# ``custom_params`` (or ``custom_labels``, as a string "q1,q2,..."), and of the quantiles in ``meta_info``: the
+# total-length quantiles at prefill (beside predicted_output_len) and, in EAGLE-3 mode, the latest remaining-length
+# quantiles (beside predicted_remaining_len, read at predicted_remaining_after).
+QUANTILES_PARAM_KEY = "outlets_predicted_quantiles"
+QUANTILES_META_KEY = "predicted_output_quantiles"
+REMAINING_QUANTILES_META_KEY = "predicted_remaining_quantiles"
 
 # (flag, dest, env, type, help); --help adds "Env: <env>" to each
 FLAGS = (
@@ -85,6 +100,21 @@ FLAGS = (
     ("--outlets-aging-tokens-per-s", "outlets_aging_tokens_per_s", ENV_AGING, float,
      f"OUTLETS sjf: tokens of predicted remaining length one second of waiting is worth (default "
      f"{DEFAULT_AGING_TOKENS_PER_S:g}; 0 = plain SJF, no starvation bound)."),
+    ("--outlets-order-key", "outlets_order_key", ENV_ORDER_KEY, str,
+     f"OUTLETS sjf: what the order sorts by, one of {', '.join(key.value for key in OrderKey)} (default "
+     f"{OrderKey.POINT.value}: the point prediction's remaining length; the others read the request's predicted "
+     "quantiles: mean remaining, mean + CVaR_0.9, Gittins rank, KV footprint). Needs --outlets-order sjf."),
+    ("--outlets-long-class-quantile", "outlets_long_class_quantile", ENV_LONG_CLASS_QUANTILE, float,
+     "OUTLETS tail-safe: a request is in the long class when this quantile of its predicted remaining length "
+     "reaches --outlets-long-output-len (default: its point prediction). A level strictly between 0 and 1."),
+    ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
+     "OUTLETS: KV admission by prediction charges this quantile of the predicted remaining length instead of "
+     "predicted x (1 + --outlets-kv-margin); a request without quantiles is charged its point prediction "
+     "(default: unset, the margin). A level strictly between 0 and 1."),
+    ("--outlets-quantile-levels", "outlets_quantile_levels", ENV_QUANTILE_LEVELS, str,
+     f"OUTLETS: levels of the predicted quantiles, comma-separated (default: the OUTLETS draft's quantile_levels "
+     f"when it has a quantile head, else {','.join(f'{level:g}' for level in DEFAULT_QUANTILE_LEVELS)}); a client's "
+     f"{QUANTILES_PARAM_KEY} gives one token count per level."),
 )
 
 
@@ -98,6 +128,8 @@ class PluginSettings:
     order: QueuePolicy
     draft_path: Optional[str]
     kv_margin: Optional[float] = DEFAULT_KV_MARGIN  # None: SGLang's own KV estimate
+    # KV admission by this quantile of the predicted remaining length instead of the margin (None: the margin)
+    kv_quantile: Optional[float] = None
 
 
 def _env_number(env: Mapping[str, str], name: str, default, kind=float):
@@ -112,6 +144,36 @@ def _env_number(env: Mapping[str, str], name: str, default, kind=float):
 
 
 def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
+    order_name = env.get(ENV_ORDER) or ORDERS[0].value
+    orders = {order.value: order for order in ORDERS}
+    if order_name not in orders:
+        raise OutletsSettingsError(
+            f"{ENV_ORDER} (--outlets-order)={order_name!r}: choose one of {', '.join(orders)}"
+        )
+    order = orders[order_name]
+    key_name = env.get(ENV_ORDER_KEY) or OrderKey.POINT.value
+    keys = {key.value: key for key in OrderKey}
+    if key_name not in keys:
+        raise OutletsSettingsError(f"{ENV_ORDER_KEY} (--outlets-order-key)={key_name!r}: choose one of {', '.join(keys)}")
+    order_key = keys[key_name]
+    if order_key is not OrderKey.POINT and order is not QueuePolicy.SJF:
+        raise OutletsSettingsError(
+            f"{ENV_ORDER_KEY} (--outlets-order-key)={key_name!r} sets what the sjf order sorts by, but the order is "
+            f"{order.value}: add --outlets-order sjf (tail-safe reads a distribution through --outlets-long-class-quantile)")
+    long_class_quantile = _env_level(env, ENV_LONG_CLASS_QUANTILE, "--outlets-long-class-quantile")
+    if long_class_quantile is not None and order is not QueuePolicy.TAIL_SAFE:
+        raise OutletsSettingsError(
+            f"{ENV_LONG_CLASS_QUANTILE} (--outlets-long-class-quantile) sets the tail-safe order's long class, but the "
+            f"order is {order.value}: leave it out, or use --outlets-order {QueuePolicy.TAIL_SAFE.value}")
+    kv_margin = _kv_margin(env.get(ENV_KV_MARGIN) or "")
+    kv_quantile = _env_level(env, ENV_KV_QUANTILE, "--outlets-kv-quantile")
+    if kv_quantile is not None and kv_margin is None:
+        raise OutletsSettingsError(
+            f"{ENV_KV_QUANTILE} (--outlets-kv-quantile) sets KV admission by prediction, which "
+            f"{ENV_KV_MARGIN} (--outlets-kv-margin)={KV_ADMISSION_OFF} turns off: leave one of them out")
+    draft = env.get(ENV_DRAFT) or None
+    levels = quantile_levels(env.get(ENV_QUANTILE_LEVELS) or "", draft_quantile_levels(draft) if draft else None,
+                             f"--outlets-draft-path {draft}")
     try:
         config = SchedulingConfig(
             prior_output_len=_env_number(env, ENV_PRIOR, DEFAULT_PRIOR_OUTPUT_LEN),
@@ -119,18 +181,73 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
             long_output_len=_env_number(env, ENV_LONG_OUTPUT_LEN, DEFAULT_LONG_OUTPUT_LEN),
             long_holdback=_env_number(env, ENV_LONG_HOLDBACK, DEFAULT_LONG_HOLDBACK),
             max_retractions=_env_number(env, ENV_MAX_RETRACTIONS, DEFAULT_MAX_RETRACTIONS, int),
+            order_key=order_key,
+            long_class_quantile=long_class_quantile,
+            quantile_levels=levels,
         )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
-    order_name = env.get(ENV_ORDER) or ORDERS[0].value
-    orders = {order.value: order for order in ORDERS}
-    if order_name not in orders:
-        raise OutletsSettingsError(
-            f"{ENV_ORDER} (--outlets-order)={order_name!r}: choose one of {', '.join(orders)}"
-        )
-    kv_margin = _kv_margin(env.get(ENV_KV_MARGIN) or "")
-    draft = env.get(ENV_DRAFT) or None
-    return PluginSettings(scheduling=config, order=orders[order_name], draft_path=draft, kv_margin=kv_margin)
+    return PluginSettings(scheduling=config, order=order, draft_path=draft, kv_margin=kv_margin,
+                          kv_quantile=kv_quantile)
+
+
+def _env_level(env: Mapping[str, str], name: str, flag: str) -> Optional[float]:
+    """A probability level strictly between 0 and 1 from the variable, or None if unset or empty."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        level = float(raw)
+    except ValueError:
+        level = math.nan
+    if not 0.0 < level < 1.0:
+        raise OutletsSettingsError(f"{name} ({flag})={raw!r}: give a level strictly between 0 and 1, e.g. 0.9")
+    return level
+
+
+def quantile_levels(raw: str, draft_levels: Optional[Sequence[float]] = None,
+                    draft: str = "the OUTLETS draft") -> Tuple[float, ...]:
+    """The levels of every request's quantiles: ``--outlets-quantile-levels`` (comma-separated), else the draft's
+    (its quantile head's), else the core's default; refused when given and different from the draft's."""
+    raw = raw.strip()
+    given = None
+    if raw:
+        try:
+            given = tuple(float(part) for part in raw.strip("[]()").split(","))
+            SchedulingConfig(quantile_levels=given)  # the core's rule: strictly increasing, inside (0, 1)
+        except ValueError as error:
+            reason = str(error).removeprefix("quantile_levels: ") if "quantile_levels" in str(error) else (
+                "not a comma-separated list of numbers")
+            raise OutletsSettingsError(f"{ENV_QUANTILE_LEVELS} (--outlets-quantile-levels)={raw!r}: {reason}") from None
+    if draft_levels is not None:
+        draft_levels = tuple(float(level) for level in draft_levels)
+        if given is not None and not same_levels(given, draft_levels):
+            raise OutletsSettingsError(
+                f"{ENV_QUANTILE_LEVELS} (--outlets-quantile-levels)={raw!r} differs from the quantile levels of "
+                f"{draft}, {_levels_text(draft_levels)}: its quantile head predicts at those; leave the flag out "
+                f"or give them")
+        return draft_levels
+    return given if given is not None else tuple(DEFAULT_QUANTILE_LEVELS)
+
+
+def same_levels(a: Sequence[float], b: Sequence[float], tolerance: float = 1e-6) -> bool:
+    """Equal quantile levels (up to float32 rounding: levels travel as float32 in a PD transfer)."""
+    return len(a) == len(b) and all(abs(float(x) - float(y)) <= tolerance for x, y in zip(a, b))
+
+
+def _levels_text(levels: Sequence[float]) -> str:
+    return ",".join(f"{level:g}" for level in levels)
+
+
+def draft_quantile_levels(path: Optional[str]) -> Optional[Tuple[float, ...]]:
+    """The quantile levels of an ``outlets export``'s quantile head, None without one (or without a readable
+    config: the draft checks refuse such a directory with their own message)."""
+    try:
+        with open(os.path.join(str(path), "config.json")) as handle:
+            levels = (json.load(handle).get("outlets_config") or {}).get("quantile_levels")
+        return None if levels is None else tuple(float(level) for level in levels)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _kv_margin(raw: str) -> Optional[float]:
@@ -229,3 +346,31 @@ def parse_prediction(value) -> float:
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"not a finite non-negative number: {value!r}")
     return number
+
+
+def parse_quantiles(value, levels: Sequence[float]) -> Tuple[float, ...]:
+    """Quantiles of the total output length from a request parameter: one positive token count per level,
+    non-decreasing; a list, or a string of comma-separated numbers (as ``custom_labels`` carry it). ValueError
+    with the reason if unusable."""
+    if isinstance(value, str):
+        parts = [part for part in value.strip().strip("[]").split(",")]
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        raise ValueError(f"not a list of token counts: {value!r}")
+    numbers = []
+    for part in parts:
+        if isinstance(part, bool):
+            raise ValueError(f"{part!r} is not a number")
+        try:
+            number = float(part)
+        except (TypeError, ValueError):
+            raise ValueError(f"{part!r} is not a number") from None
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"{part!r} is not a positive number of tokens")
+        numbers.append(number)
+    if len(numbers) != len(levels):
+        raise ValueError(f"{len(numbers)} values for the server's {len(levels)} quantile levels ({_levels_text(levels)})")
+    if any(b < a for a, b in zip(numbers, numbers[1:])):
+        raise ValueError("the quantiles decrease; give them in the order of the levels, non-decreasing")
+    return tuple(numbers)

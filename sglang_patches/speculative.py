@@ -11,7 +11,9 @@ channel (``LogitsProcessorOutput.auxiliary_device_output``): the result's own de
 carries it, so the decode step gains no synchronisation. When SGLang commits the step's tokens
 to the requests (``HostAuxiliaryOutput.consume``), each estimate becomes the request's prediction
 (``predictions.set_remaining_estimate``), which the waiting-queue order, the retraction order, KV
-admission and routing read.
+admission and routing read. A draft exported with a quantile head (``outlets_config.quantile_levels``)
+is read on the same state at the same time: its remaining-length quantiles travel beside the estimate
+and are stored as total-length quantiles (generated + remaining), re-read after every verify step.
 
 A prediction the request carried (``custom_params``) takes precedence, as in predictor-only mode.
 A failure falls back as predictor-only mode does: the request keeps its last prediction (the
@@ -25,7 +27,7 @@ import math
 
 from sglang_patches import predictions as P
 from sglang_patches import state
-from sglang_patches.settings import OutletsSettingsError
+from sglang_patches.settings import ENV_QUANTILE_LEVELS, OutletsSettingsError, same_levels
 
 logger = logging.getLogger("sglang_patches")
 
@@ -34,33 +36,41 @@ ATTR_DRAFT = "outlets_length_draft"  # on the worker: our draft model, or None w
 
 
 class DraftLengthEstimates:
-    """One step's z = log(1 + estimate) per request, on the device (SGLang's ``DeviceAuxiliaryOutput``)."""
+    """One step's z = log(1 + estimate) per request, and with a quantile head its z quantiles, on the device
+    (SGLang's ``DeviceAuxiliaryOutput``)."""
 
-    def __init__(self, log_remaining) -> None:
+    def __init__(self, log_remaining, log_quantiles=None) -> None:
         self.log_remaining = log_remaining  # [B] float32, rows in batch.reqs order
+        self.log_quantiles = log_quantiles  # [B, K] float32 or None
 
     def copy_to_host(self, copy_tensor) -> "HostDraftLengthEstimates":
-        return HostDraftLengthEstimates(copy_tensor(self.log_remaining))
+        quantiles = None if self.log_quantiles is None else copy_tensor(self.log_quantiles)
+        return HostDraftLengthEstimates(copy_tensor(self.log_remaining), quantiles)
 
 
 class HostDraftLengthEstimates:
     """The step's estimates on the host, set on the requests once their tokens are committed."""
 
-    def __init__(self, log_remaining) -> None:
+    def __init__(self, log_remaining, log_quantiles=None) -> None:
         self.log_remaining = log_remaining
+        self.log_quantiles = log_quantiles
 
     def consume(self, batch, commits) -> None:
         import torch
 
         estimates = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()
+        if self.log_quantiles is None:
+            quantiles = [None] * len(estimates)
+        else:
+            quantiles = torch.expm1(self.log_quantiles.float()).clamp_min(0.0).tolist()
         config = state.settings().scheduling
-        for req, commit, estimate in zip(batch.reqs, commits, estimates, strict=True):
+        for req, commit, estimate, row in zip(batch.reqs, commits, estimates, quantiles, strict=True):
             if commit is None or req.finished() or P.is_external(req):
                 continue  # a prefill chunk with more to come, nothing left to predict, or the client's prediction
-            if not math.isfinite(estimate):
-                _fall_back(req, config, f"draft length estimate is not finite ({estimate})")
+            if not math.isfinite(estimate) or (row is not None and not all(map(math.isfinite, row))):
+                _fall_back(req, config, f"draft length estimate is not finite ({estimate}, quantiles {row})")
                 continue
-            P.set_remaining_estimate(req, estimate, commit.output_index + len(commit.token_ids))
+            P.set_remaining_estimate(req, estimate, commit.output_index + len(commit.token_ids), row)
 
 
 def worker_init_after(result, self, *args, **kwargs):
@@ -75,10 +85,23 @@ def worker_init_after(result, self, *args, **kwargs):
         except OutletsDraftError as error:
             raise OutletsSettingsError(str(error)) from None
         state.check_hooks({state.SPECULATIVE})
+        check_draft_levels(draft)
         state.use_speculative_predictions()
         state.log_startup("eagle3")
     setattr(self, ATTR_DRAFT, draft)
     return result
+
+
+def check_draft_levels(draft) -> None:
+    """Refuse a quantile head whose levels are not this process's quantile levels (the launcher sets them from
+    the draft; ``sglang.Engine`` users set ``OUTLETS_QUANTILE_LEVELS`` to the draft's)."""
+    levels = draft.outlets_config.quantile_levels
+    configured = state.settings().scheduling.quantile_levels
+    if levels is not None and not same_levels(levels, configured):
+        raise OutletsSettingsError(
+            f"the EAGLE-3 draft's quantile head predicts at levels {','.join(f'{level:g}' for level in levels)}, "
+            f"the server's quantile levels are {','.join(f'{level:g}' for level in configured)}: set "
+            f"{ENV_QUANTILE_LEVELS} (--outlets-quantile-levels) to the draft's, or leave it unset")
 
 
 def forward_batch_generation_around(original, self, batch, *args, **kwargs):
@@ -117,7 +140,9 @@ def attach_estimates(draft, batch, result) -> None:
     if states.shape[0] != len(batch.reqs):
         raise RuntimeError(f"{states.shape[0]} draft states for {len(batch.reqs)} requests")
     with torch.inference_mode():
-        estimates = DraftLengthEstimates(draft.log_remaining_from_draft_state(states))
+        quantiles = (draft.log_remaining_quantiles_from_draft_state(states)
+                     if getattr(draft, "quantile_head", None) is not None else None)
+        estimates = DraftLengthEstimates(draft.log_remaining_from_draft_state(states), quantiles)
     logits_output.auxiliary_device_output = append_auxiliary_output(logits_output.auxiliary_device_output, estimates)
 
 

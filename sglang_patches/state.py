@@ -226,10 +226,17 @@ def log_startup(where: str) -> None:
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
-    kv = "SGLang's estimate" if current.kv_margin is None else f"predicted +{current.kv_margin:g}"
+    if current.kv_margin is None:
+        kv = "SGLang's estimate"
+    elif current.kv_quantile is not None:
+        kv = f"quantile {current.kv_quantile:g} of the predicted remaining"
+    else:
+        kv = f"predicted +{current.kv_margin:g}"
+    long_class = "" if config.long_class_quantile is None else f", long_class_quantile={config.long_class_quantile:g}"
     logger.info(
-        "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g), "
-        "kv_admission=%s, prior_output_len=%g, hooks applied: %d/%d",
+        "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g, "
+        "order_key=%s%s, quantile_levels=%s), kv_admission=%s, prior_output_len=%g, hooks applied: %d/%d",
         where, mode, current.order.value, config.long_output_len, config.long_holdback, config.aging_tokens_per_s,
+        config.order_key.value, long_class, ",".join(f"{level:g}" for level in config.quantile_levels),
         kv, config.prior_output_len, len(applied_targets()), len(_features_of),
     )

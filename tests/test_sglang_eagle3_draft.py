@@ -73,7 +73,7 @@ def sglang_cpu():
 # -- tiny exports with the key names `outlets export` writes ----------------------------------------
 
 
-def make_export(directory, *, gated=True, bucket_edges=None, drop=(), extra=None, seed=0) -> str:
+def make_export(directory, *, gated=True, bucket_edges=None, drop=(), extra=None, seed=0, quantile_levels=None) -> str:
     os.makedirs(directory, exist_ok=True)
     widths = [H, H // 2, H // 4]
     config = {
@@ -87,6 +87,8 @@ def make_export(directory, *, gated=True, bucket_edges=None, drop=(), extra=None
         "outlets_config": {"fusion_layers": [2, 3, 4], "gated_attention": gated, "head_widths": widths,
                            "head_input": "draft", "bucket_edges": bucket_edges},
     }
+    if quantile_levels is not None:  # a quantile head (issue 27)
+        config["outlets_config"]["quantile_levels"] = list(quantile_levels)
     with open(os.path.join(directory, "config.json"), "w") as handle:
         json.dump(config, handle, indent=2)
     g = torch.Generator().manual_seed(seed)
@@ -113,6 +115,13 @@ def make_export(directory, *, gated=True, bucket_edges=None, drop=(), extra=None
         "length_head.mlp.4.weight": rand(outputs, widths[2], scale=0.5),
         "length_head.mlp.4.bias": rand(outputs) + 3.0,
     }
+    if quantile_levels is not None:
+        weights.update({
+            "quantile_head.mlp.0.weight": rand(widths[1], widths[0]), "quantile_head.mlp.0.bias": rand(widths[1]),
+            "quantile_head.mlp.2.weight": rand(widths[2], widths[1]), "quantile_head.mlp.2.bias": rand(widths[2]),
+            "quantile_head.mlp.4.weight": rand(len(quantile_levels), widths[2], scale=0.5),
+            "quantile_head.mlp.4.bias": rand(len(quantile_levels)) + 1.0,
+        })
     if gated:
         # Large enough that the gate visibly changes the attention output.
         weights["midlayer.self_attn.gate_proj.weight"] = rand(q, two_h, scale=0.5)
@@ -364,3 +373,73 @@ def test_malformed_export_is_refused_with_a_clear_error(sglang_cpu, tmp_path, ca
         expected = r"weights hold midlayer\.self_attn\.gate_proj\.\w+ but outlets_config\.gated_attention is false"
     with pytest.raises(OutletsDraftError, match=expected):
         load_with_sglang(directory)
+
+
+# -- the quantile head (issue 27) ---------------------------------------------------------------------
+
+LEVELS = (0.1, 0.5, 0.9)
+
+
+def test_the_quantile_head_loads_and_reads_the_draft_state_as_the_plain_pytorch_head(sglang_cpu, tmp_path):
+    """EAGLE-3 mode's quantiles (SGLang's loader, the worker's kept state) equal predictor-only mode's."""
+    directory = make_export(tmp_path / "draft", quantile_levels=LEVELS)
+    model = load_with_sglang(directory)
+    tensors = file_tensors(directory)
+    for name, param in model.quantile_head.named_parameters():
+        assert torch.equal(param.detach(), tensors[f"quantile_head.{name}"]), name
+    reference = OutletsLengthPredictor(directory, torch.nn.Embedding(VOCAB, H))
+    kept = torch.randn(TOKENS, H, generator=torch.Generator().manual_seed(4))  # before the final norm, as the worker keeps it
+    with torch.no_grad():
+        zq = model.log_remaining_quantiles_from_draft_state(kept)
+    assert zq.shape == (TOKENS, len(LEVELS)) and bool((zq[:, 1:] >= zq[:, :-1]).all())
+    torch.testing.assert_close(zq, reference.log_remaining_quantiles(kept), rtol=0, atol=1e-5)
+    assert zq.std() > 0
+    plain = load_with_sglang(make_export(tmp_path / "plain"))
+    assert plain.quantile_head is None
+    from sglang_patches.eagle3_draft import OutletsDraftError
+
+    with pytest.raises(OutletsDraftError, match="no quantile head"):
+        plain.log_remaining_quantiles_from_draft_state(kept)
+
+
+def test_quantile_head_weights_without_levels_or_levels_without_weights_are_refused(sglang_cpu, tmp_path):
+    from sglang_patches.eagle3_draft import OutletsDraftError
+
+    head = {k: v for k, v in file_tensors(make_export(tmp_path / "head", quantile_levels=LEVELS)).items()
+            if k.startswith("quantile_head.")}
+    with pytest.raises(OutletsDraftError, match=r"weights hold quantile_head\.\S+ but outlets_config has no quantile_levels"):
+        load_with_sglang(make_export(tmp_path / "no-levels", extra=head))
+    with pytest.raises(OutletsDraftError, match=r"the export lacks \['quantile_head\.mlp\.0\.weight'"):
+        load_with_sglang(make_export(tmp_path / "no-weights", quantile_levels=LEVELS, drop=list(head)))
+
+
+def test_eagle3_mode_hands_the_quantiles_to_the_step_without_waiting_for_them(sglang_cpu, tmp_path):
+    from types import SimpleNamespace
+
+    from sglang_patches import speculative
+
+    model = load_with_sglang(make_export(tmp_path / "draft", quantile_levels=LEVELS)).to("meta")
+    result = SimpleNamespace(next_draft_input=SimpleNamespace(hidden_states=torch.empty(3, H, device="meta")),
+                             logits_output=SimpleNamespace(auxiliary_device_output=None))
+    speculative.attach_estimates(model, SimpleNamespace(reqs=[object()] * 3), result)
+    estimates = result.logits_output.auxiliary_device_output
+    assert estimates.log_quantiles.device.type == "meta" and estimates.log_quantiles.shape == (3, len(LEVELS))
+
+
+def test_predictor_only_mode_reads_both_heads_on_the_state_of_the_last_prompt_position(sglang_cpu, tmp_path,
+                                                                                      monkeypatch):
+    from sglang_patches import predictor
+
+    g = torch.Generator().manual_seed(5)
+    embedding = torch.nn.Embedding.from_pretrained(torch.randn(VOCAB, H, generator=g) * 0.1)
+    fused, prompt = torch.randn(TOKENS, 3 * H, generator=g), list(range(10, 10 + TOKENS))
+    head = OutletsLengthPredictor(make_export(tmp_path / "head", quantile_levels=LEVELS), embedding)
+    monkeypatch.setattr(predictor, "_predictor", head)
+    outputs = predictor.prompt_outputs(fused, prompt, torch.tensor(7))
+    states = head.states(fused, torch.tensor(prompt[1:] + [7]))
+    assert outputs.shape == (1 + len(LEVELS),)
+    torch.testing.assert_close(outputs[0], head.prompt_log_remaining(fused, prompt, torch.tensor(7)), rtol=0, atol=1e-5)
+    torch.testing.assert_close(outputs[1:], head.log_remaining_quantiles(states)[-1], rtol=0, atol=1e-5)
+    plain = OutletsLengthPredictor(make_export(tmp_path / "plain"), embedding)
+    monkeypatch.setattr(predictor, "_predictor", plain)  # without a quantile head: r̂_0 alone, as before
+    assert predictor.prompt_outputs(fused, prompt, torch.tensor(7)).shape == ()

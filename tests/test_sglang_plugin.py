@@ -27,8 +27,9 @@ from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admissio
 from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, speculative, state  # noqa: E402
 from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER,
-    ENV_PRIOR, OutletsSettingsError, read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_LONG_HOLDBACK,
+    ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_ORDER_KEY, ENV_PRIOR, ENV_QUANTILE_LEVELS,
+    OutletsSettingsError, read_settings, validate_draft_dir,
 )
 
 
@@ -54,7 +55,7 @@ def keep_logging():
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN,
-                 ENV_MAX_RETRACTIONS):
+                 ENV_MAX_RETRACTIONS, ENV_ORDER_KEY, ENV_LONG_CLASS_QUANTILE, ENV_KV_QUANTILE, ENV_QUANTILE_LEVELS):
         monkeypatch.delenv(name, raising=False)
     state.reset_settings()
     yield
