@@ -2,8 +2,9 @@
 and compute offline what the exported draft predicts: r̂_0 for given prompts, or the estimate at every
 output token of given responses (the r̂_t of EAGLE-3 mode).
 
-    python -m tests.sglang_harness.offline_reference export TARGET OUT_DIR
+    python -m tests.sglang_harness.offline_reference export TARGET OUT_DIR [LEVELS]  (LEVELS "0.1,0.5,0.9": a quantile head)
     python -m tests.sglang_harness.offline_reference predict EXPORT TARGET CASES.json  -> JSON on stdout
+    python -m tests.sglang_harness.offline_reference predict-quantiles EXPORT TARGET CASES.json  -> JSON on stdout
     python -m tests.sglang_harness.offline_reference trajectory EXPORT TARGET CASES.json  -> JSON on stdout
 
 The export goes through `outlets export` (``export_draft``) from a training state of a randomly
@@ -52,7 +53,15 @@ def offline_r0(export: str, target: str, served: list, directory: str) -> list:
     return json.loads(in_training_env("predict", export, target, cases))
 
 
-def make_export(target: str, out: str) -> str:
+def offline_quantiles(export: str, target: str, served: list, directory: str) -> list:
+    """The export's offline total-length quantiles at prefill for each served ``(prompt_ids, first_token, ...)``."""
+    cases = os.path.join(directory, "quantile-cases.json")
+    with open(cases, "w") as handle:
+        json.dump([{"prompt_ids": prompt, "first_token": first} for prompt, first, *_ in served], handle)
+    return json.loads(in_training_env("predict-quantiles", export, target, cases))
+
+
+def make_export(target: str, out: str, quantile_levels=None) -> str:
     import torch
     from transformers import AutoConfig, LlamaConfig
 
@@ -74,6 +83,8 @@ def make_export(target: str, out: str) -> str:
     draft.architectures = [DRAFT_ARCHITECTURE]
     draft.outlets_config = {"fusion_layers": fusion, "gated_attention": True, "head_input": "draft",
                             "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}
+    if quantile_levels:  # a quantile head (issue 27) at these levels
+        draft.outlets_config["quantile_levels"] = [float(level) for level in quantile_levels]
     draft.eagle_config = {"eagle_aux_hidden_state_layer_ids": to_specforge_layer_ids(fusion)}
     torch.manual_seed(1234)
     model = OutletsLlamaForCausalLMEagle3(draft).float()
@@ -82,6 +93,12 @@ def make_export(target: str, out: str) -> str:
             if isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0.0, 0.5)
                 module.bias.fill_(0.3)
+        if model.quantile_head is not None:  # quantiles that vary with the input, the lowest around e^3
+            for module in model.quantile_head.mlp:
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.normal_(0.0, 0.5)
+                    module.bias.fill_(0.3)
+            model.quantile_head.mlp[-1].bias[0] = 3.0
     run = os.path.join(out + ".run")
     step = os.path.join(run, "step1")
     os.makedirs(step, exist_ok=True)
@@ -118,6 +135,30 @@ def trajectories(export: str, target: str, cases: list) -> list:
     return results
 
 
+def predict_quantiles(export: str, target: str, cases: list) -> list:
+    """The total-length quantiles at prefill per case (tokens): the quantile head at the last prompt position,
+    which reads the first sampled token, as r̂_0."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
+    from specforge_outlets.model.inference import draft_states
+
+    draft = OutletsLlamaForCausalLMEagle3.from_export(export, target_model_path=target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    results = []
+    for case in cases:
+        prompt = list(case["prompt_ids"])
+        ids = torch.tensor([prompt + [int(case["first_token"])]])
+        with torch.no_grad():
+            hidden = model(ids[:, :-1], output_hidden_states=True).hidden_states
+            aux = torch.cat([hidden[k] for k in draft.outlets.fusion_layers], dim=-1)
+            states = draft_states(draft, ids, torch.cat([aux, aux[:, -1:]], dim=1))
+            z = draft.predict_log_remaining_quantiles(states)[0, len(prompt) - 1]
+        results.append([float(value) for value in torch.expm1(z.float()).clamp_min(0.0)])
+    return results
+
+
 def predict(export: str, target: str, cases: list) -> list:
     """r̂_0 per case: the prompt followed by its first sampled token."""
     cases = [{"prompt_ids": case["prompt_ids"], "output_ids": [case["first_token"]]} for case in cases]
@@ -127,11 +168,16 @@ def predict(export: str, target: str, cases: list) -> list:
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "export":
-        print(make_export(sys.argv[2], sys.argv[3]))
+        levels = [float(level) for level in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
+        print(make_export(sys.argv[2], sys.argv[3], levels))
     elif command == "predict":
         with open(sys.argv[4]) as handle:
             cases = json.load(handle)
         print(json.dumps(predict(sys.argv[2], sys.argv[3], cases)))
+    elif command == "predict-quantiles":
+        with open(sys.argv[4]) as handle:
+            cases = json.load(handle)
+        print(json.dumps(predict_quantiles(sys.argv[2], sys.argv[3], cases)))
     elif command == "trajectory":
         with open(sys.argv[4]) as handle:
             cases = json.load(handle)
