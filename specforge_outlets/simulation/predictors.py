@@ -29,14 +29,12 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import fields
 from enum import Enum
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specforge_outlets.data.jsonl import BadLine, iter_jsonl
-from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, PredictionRow, read_predictions
+from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, read_predictions
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import LengthDistribution
 from specforge_outlets.serving.trace import Trace
@@ -176,10 +174,8 @@ def read_file_quantiles(path: str, file_predictor: Optional[str] = None) -> File
     read once per version of the file (a study reads it for every predictor kind).
 
     Read from :class:`PredictionRow`'s ``quantile_levels``, ``quantiles`` and ``quantile_trajectory``
-    where the evaluation's reader gives them; otherwise from the file's rows directly: plain rows
-    with those three fields (rows with a ``predictor`` field filtered by it), or ``outlets eval``'s
-    record, whose ``quantile_levels`` is per row and whose ``quantiles`` maps each predictor to
-    ``static`` (totals) and ``dynamic`` (remaining at each output token).
+    (plain rows' fields, or ``outlets eval``'s record, whose ``quantile_levels`` is per row and whose
+    ``quantiles`` maps each predictor to ``static`` (totals) and ``dynamic`` (remaining at each output token)).
     """
     try:
         stamp = os.stat(path).st_mtime_ns
@@ -191,13 +187,8 @@ def read_file_quantiles(path: str, file_predictor: Optional[str] = None) -> File
 @functools.lru_cache(maxsize=4)
 def _read_file_quantiles(path: str, file_predictor: Optional[str], _stamp: Optional[int]) -> FileQuantiles:
     """:func:`read_file_quantiles`, uncached (``_stamp``: the file's modification time, part of the cache key)."""
-    if "quantiles" in {field.name for field in fields(PredictionRow)}:
-        rows = [(row.id, getattr(row, "quantile_levels", None), getattr(row, "quantiles", None),
-                 getattr(row, "quantile_trajectory", None))
-                for row in read_predictions(path, predictor=file_predictor)]
-    else:
-        read_predictions(path, predictor=file_predictor)  # the file and its rows checked as for the points
-        rows = list(_raw_quantile_rows(path, file_predictor))
+    rows = [(row.id, row.quantile_levels, row.quantiles, row.quantile_trajectory)
+            for row in read_predictions(path, predictor=file_predictor)]
     levels: Optional[Tuple[float, ...]] = None
     static: Dict[str, Quantiles] = {}
     trajectories: Dict[str, Tuple[Quantiles, ...]] = {}
@@ -218,25 +209,6 @@ def _read_file_quantiles(path: str, file_predictor: Optional[str], _stamp: Optio
             trajectories[request_id] = tuple(_checked_quantiles(entry, len(levels), f"{where}: quantile_trajectory", 0.0)
                                              for entry in trajectory)
     return FileQuantiles(levels, static, trajectories)
-
-
-def _raw_quantile_rows(path: str, file_predictor: Optional[str]):
-    """``(id, levels, static totals, trajectory)`` of each row of the file, as :func:`read_file_quantiles` reads it."""
-    for number, row in iter_jsonl(path):
-        if isinstance(row, BadLine):
-            raise OutletsError(f"--predictions {row}")
-        if isinstance(row.get("static"), dict):  # outlets eval's complete record
-            by_predictor = row.get("quantiles") or {}
-            if not isinstance(by_predictor, dict):
-                raise OutletsError(f"--predictions {path} line {number}: quantiles must be a map by predictor")
-            own = by_predictor.get(file_predictor) if file_predictor else None
-            if own is None:
-                yield str(row.get("id")), None, None, None
-                continue
-            yield str(row.get("id")), row.get("quantile_levels"), own.get("static"), own.get("dynamic")
-        elif file_predictor is None or row.get("predictor", file_predictor) == file_predictor:
-            yield (str(row.get("id")), row.get("quantile_levels"), row.get("quantiles"),
-                   row.get("quantile_trajectory"))
 
 
 def _checked_levels(levels, where: str) -> Tuple[float, ...]:
