@@ -201,3 +201,17 @@ def test_quantile_budget_reserves_the_quantile_of_the_remaining_length_capped():
     assert predicted_output_budget(200.0, 1, 0.2, 10_000, config) < q90
     sure = LengthDistribution.log_normal(200.0, 0.05)
     assert quantile_output_budget(sure, 1, 0.9, 10_000) < predicted_output_budget(200.0, 1, 0.2, 10_000, config)
+
+
+def test_quantile_remaining_read_in_place_equals_the_conditioned_atoms_quantile():
+    """The O(log n) reading KV admission uses gives what the conditioned atoms give, floors included."""
+    import random
+
+    from specforge_outlets.scheduling.length_distribution import quantile_of
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        dist = LengthDistribution((0.1, 0.25, 0.5, 0.75, 0.9), tuple(sorted(rng.uniform(1, 2000) for _ in range(5))))
+        generated, p = rng.randint(0, 2500), rng.random()
+        assert dist.quantile_remaining(p, generated) == pytest.approx(
+            quantile_of(dist.remaining_atoms(generated), p), rel=1e-12, abs=1e-12)

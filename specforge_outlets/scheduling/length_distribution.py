@@ -180,8 +180,24 @@ class LengthDistribution:
         return mean_of(self.remaining_atoms(num_generated))
 
     def quantile_remaining(self, p: float, num_generated: float = 0) -> float:
-        """The p-quantile of R given survival (linear between the atoms' midpoints)."""
-        return quantile_of(self.remaining_atoms(num_generated), p)
+        """The p-quantile of R given survival (linear between the atoms' midpoints).
+
+        Read off the surviving suffix of the atoms in place, O(log n): KV admission asks it for
+        every running request at every new token count, where building the conditioned atoms
+        (``remaining_atoms``) would cost O(n) each time.
+        """
+        if not (_is_number(p) and 0.0 <= p <= 1.0):
+            raise ValueError(f"p must be between 0 and 1, got {p!r}")
+        atoms = self.atoms
+        first = bisect.bisect_right(atoms, num_generated)
+        count = len(atoms) - first
+        if count == 0:
+            return MIN_PREDICTED_REMAINING
+        position = min(max(p * count - 0.5, 0.0), count - 1.0)
+        low = int(position)
+        high = min(low + 1, count - 1)
+        below, above = (max(atoms[first + index] - num_generated, MIN_PREDICTED_REMAINING) for index in (low, high))
+        return below + (position - low) * (above - below)
 
     def cvar_remaining(self, alpha: float, num_generated: float = 0) -> float:
         """CVaR_alpha of R given survival: the mean of its upper 1 - alpha tail."""
