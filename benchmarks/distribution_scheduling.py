@@ -116,7 +116,9 @@ def result_path(args, workload: str, rate: float) -> str:
 
 def simulate(args) -> None:
     slo = parse_goodput(args.slo)
-    work = study.workloads()[args.workload]()
+    # a record with quantiles brings its own point predictions too: the point the distribution replaces
+    # is the same draft's r̂₀, not the committed evaluation's
+    work = study.LabelSetWorkload(args.predictions) if args.predictions else study.workloads()[args.workload]()
     levels = (read_file_quantiles(args.predictions, args.file_predictor).levels if args.predictions
               else SchedulingConfig().quantile_levels)
     for rate in args.rates or work.rates_rps:

@@ -11,9 +11,9 @@ Stages, each resumable and skipped when its output exists:
    (stop-gradient at the draft state: drafting as without the head), side by side, one core each,
    ``--max-steps`` optimizer steps (CPU budget); an interrupted run resumes from its checkpoint;
 3. ``eval``: ``outlets eval`` of each draft with the probe baselines and ``--calibration-features``:
-   coverage, PIT and conformal correction for OUTLETS and for ``probe-mid`` given the same quantile
-   head; the joint draft's report and per-request predictions (quantiles included) are copied to
-   ``benchmarks/data/sharegpt-smollm2/eval/distribution/``.
+   coverage, PIT and conformal correction for OUTLETS and for the probes given the same quantile
+   head; both reports and compacted per-request predictions (quantiles included: ``DYNAMIC_KEPT``)
+   are written to ``benchmarks/data/sharegpt-smollm2/eval/distribution/``.
 
     .venv/bin/python benchmarks/length_distribution.py --run runs/bench-sharegpt --train-rows 1200
 """
@@ -95,10 +95,32 @@ def main() -> int:
               for mode, report in reports.items() if not written(os.path.join(report, "report.json"))], "eval")
     os.makedirs(OUT, exist_ok=True)
     for mode, report in reports.items():
-        for name in ("report.json", "report.md", "predictions.jsonl.gz"):
+        for name in ("report.json", "report.md"):
             shutil.copy(os.path.join(report, name), os.path.join(OUT, f"{mode}-{name}"))
+        compact_record(os.path.join(report, "predictions.jsonl.gz"), os.path.join(OUT, f"{mode}-predictions.jsonl.gz"),
+                       DYNAMIC_KEPT[mode])
     print(f"reports: {', '.join(reports.values())}")
     return 0
+
+
+# What the committed records keep per-token (the full records are about 20 MB each): every
+# predictor's r̂₀ and static quantiles always; OUTLETS' trajectory in both; its quantile trajectories
+# (raw and conformal) in the detached draft's, the mode the serving study replays.
+DYNAMIC_KEPT = {"joint": ("outlets",), "detached": ("outlets", "outlets+conformal")}
+
+
+def compact_record(source: str, destination: str, dynamic_kept) -> None:
+    """``outlets eval``'s record with the per-token predictions of the other predictors dropped."""
+    from specforge_outlets.data.jsonl import iter_jsonl
+    from specforge_outlets.evaluation.report import write_jsonl_gz
+
+    rows = []
+    for _, row in iter_jsonl(source):
+        row["dynamic"] = {name: values for name, values in row["dynamic"].items() if name == "outlets"}
+        row["quantiles"] = {name: entry if name in dynamic_kept else {"static": entry["static"]}
+                            for name, entry in row.get("quantiles", {}).items()}
+        rows.append(row)
+    write_jsonl_gz(destination, rows)
 
 
 if __name__ == "__main__":

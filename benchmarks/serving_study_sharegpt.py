@@ -48,7 +48,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -167,10 +167,11 @@ class LabelSetWorkload(Workload):
     predictors = ("none", "bert", "outlets r0", "outlets rt", "probe-mid rt", "oracle")
     rates_rps = (10.0, 20.0, 30.0, 40.0, 60.0, 80.0)
 
-    def __init__(self) -> None:
+    def __init__(self, record: Optional[str] = None) -> None:
+        """``record``: another ``outlets eval`` record of the same test requests (default: the committed one)."""
         with open(REQUESTS) as handle:
             requests = {row["id"]: row for row in map(json.loads, handle)}
-        self.rows = read_eval_record()
+        self.rows = read_eval_record(record) if record else read_eval_record()
         self.row_of = {row["id"]: index for index, row in enumerate(self.rows)}
         self.input_lens = np.array([requests[row["id"]]["input_length"] for row in self.rows])
         self.output_lens = np.array([int(row["true_output_len"]) for row in self.rows])

@@ -84,6 +84,7 @@ def test_eval_scores_outlets_and_the_probe_quantiles_with_a_conformal_correction
     for row in rows:
         assert row["quantile_levels"] == list(LEVELS)
         assert set(row["quantiles"]) == {"outlets", "outlets+conformal", "probe-mid", "probe-mid+conformal"}
+        assert row["static"]["outlets+conformal"] == row["static"]["outlets"]  # the correction moves quantiles only
         for entry in row["quantiles"].values():
             assert len(entry["dynamic"]) == row["true_output_len"] and entry["static"] == entry["dynamic"][0]
             assert all(a <= b for q in entry["dynamic"] for a, b in zip(q, q[1:]))

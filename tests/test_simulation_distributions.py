@@ -85,6 +85,25 @@ def test_quantile_admission_avoids_the_retractions_of_an_underestimating_point(u
     assert runs["quantile"].retractions.sum() == 0
 
 
+def test_quantile_charge_of_a_running_request_follows_its_survival(unit_steps):
+    """As the plugin does every round: a survivor of a wide distribution is charged the q0.9 of its
+    remaining length given what it has generated, which here outgrows its charge at admission, so a
+    later request waits for the cache instead of being admitted on the stale charge."""
+    trace = make_trace([(0.0, 10, 300), (150.0, 10, 20)])
+    wide = LengthDistribution.log_normal(100.0, 0.5).quantiles
+    narrow = LengthDistribution.log_normal(110.0, 0.01).quantiles
+    at_admission = 10 + math.ceil(LengthDistribution(LEVELS, wide).quantile_remaining(0.9, 0))
+    later = 10 + 150 + math.ceil(LengthDistribution(LEVELS, wide).quantile_remaining(0.9, 150))
+    assert later > at_admission + 40  # the survivor's charge grew
+    second = 10 + math.ceil(LengthDistribution(LEVELS, narrow).quantile_remaining(0.9, 0))
+    capacity = 330  # holds the first's full 310 tokens; both on the charges at admission, not on the survivor's
+    assert at_admission + second <= capacity < later + second
+    cluster = cluster_config_from_dict(dict(mode="colocated", instances=1, max_new_tokens=300, kv_capacity_tokens=capacity,
+                                            kv_admission="quantile", kv_quantile=0.9, predict_at="arrival"), "test")
+    result = simulation(trace, cluster, predictions=[100.0, 110.0], quantiles=[wide, narrow]).run()
+    assert result.first_token_times[1] > result.finish_times[0] - 5  # waited for the first to (almost) finish
+
+
 def test_dynamic_quantiles_are_re_read_after_each_token_like_the_trajectory(unit_steps):
     trace = make_trace([(0.0, 10, 5)])
     static = (2.0, 3.0, 4.0, 5.0, 6.0)

@@ -122,7 +122,7 @@ def request_rows(everything: Split, predictions: Dict[str, List[Prediction]],
     Predictors with quantiles add ``quantile_levels`` and ``quantiles``: by predictor, ``static``
     (the whole length's quantiles) and ``dynamic`` (row k: the remaining tokens' quantiles after k
     tokens, like ``dynamic``), in whole tokens; ``quantile_only`` predictors (the conformally
-    corrected ones) appear there only.
+    corrected ones) appear there and in ``static`` (their base predictor's point), not in ``dynamic``.
     """
     with_quantiles = {name: values for name, values in {**predictions, **(quantile_only or {})}.items()
                       if values and values[0].dynamic_quantiles is not None}
@@ -131,7 +131,9 @@ def request_rows(everything: Split, predictions: Dict[str, List[Prediction]],
         own = {name: values[index] for name, values in predictions.items()}
         row = {
             "id": request.id, "true_output_len": request.length, "censored": request.censored,
-            "static": {name: round(p.static, 1) for name, p in own.items()},
+            # a quantile-only predictor (NAME+conformal) keeps its base predictor's point: listed so
+            # that readers can name it (``--file-predictor``) and find a point beside its quantiles
+            "static": {name: round(values[index].static, 1) for name, values in {**predictions, **(quantile_only or {})}.items()},
             "dynamic": {name: np.round(p.dynamic, 1).tolist() for name, p in own.items() if p.dynamic is not None},
         }
         if with_quantiles:

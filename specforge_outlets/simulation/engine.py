@@ -345,10 +345,13 @@ class EngineInstance:
         return request.input_len + generated + budget
 
     def _reserved(self, now: float) -> int:
-        """KV tokens the admission sees reserved. With dynamic predictions a running request's
-        reservation follows its latest estimate (SGLang recomputes the running requests' total at
-        every admission); otherwise it is the one made at admission."""
-        if not self.sim.dynamic or self.sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS:
+        """KV tokens the admission sees reserved. With dynamic predictions, or a quantile charge, a
+        running request's reservation follows its latest estimate (SGLang recomputes the running
+        requests' total at every admission, and so does the plugin: a quantile of the remaining
+        length given survival grows for the heavy-tailed survivors); otherwise it is the one made
+        at admission."""
+        admission = self.sim.cluster.kv_admission
+        if admission is KVAdmission.MAX_NEW_TOKENS or not (self.sim.dynamic or admission is KVAdmission.QUANTILE):
             return self.kv_reserved
         steps = self.steps_done + self._segment_steps_done(now)
         running = sum(self._reservation(r, 1 + steps - r.join_step) for r in self.running.values())
