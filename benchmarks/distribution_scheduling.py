@@ -94,6 +94,11 @@ def distributions(args, work, trace, points: List[Optional[float]], seed: int,
         found = read_file_quantiles(args.predictions, args.file_predictor)
         if found.levels is None:
             raise SystemExit(f"--predictions {args.predictions}: no quantiles for --file-predictor {args.file_predictor}")
+        missing = sorted({request_id.rsplit("#", 1)[0] for request_id in trace.ids} - set(found.static))
+        if missing:
+            raise SystemExit(f"--predictions {args.predictions}: no quantiles of --file-predictor {args.file_predictor} "
+                             f"for {len(missing)} trace request(s) (first: {missing[0]!r}); use the record of the same "
+                             "test requests")
         return [found.static[request_id.rsplit("#", 1)[0]] for request_id in trace.ids]
     if args.distribution == "noisy":
         rng = np.random.default_rng([seed, 27])

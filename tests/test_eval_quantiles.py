@@ -97,3 +97,19 @@ def test_eval_refuses_levels_that_differ_from_the_drafts(chat, tmp_path, capsys)
                  "--baselines", "probe-mid", "--quantile-levels", "0.25,0.75", "--no-drafting", "--no-progress",
                  "--output", str(tmp_path / "report")])
     assert code == 2 and "quantile levels" in capsys.readouterr().err
+
+
+def test_a_shift_whose_rank_falls_on_censored_responses_is_named_under_corrected():
+    requests = [request(100 + i, censored=i >= 16, index=i) for i in range(20)]  # the top 4 of 20 censored
+    predictions = [prediction((50, 100, 150), r.length) for r in requests]
+    shifts = calib.calibrate(requests, predictions, LEVELS)
+    assert shifts["under_corrected"]["static"] == [0.9]  # rank ceil(21 * 0.9) = 19 > 16 finished
+    assert all(np.isfinite(shifts["static"]))
+
+
+def test_eval_refuses_calibration_without_a_quantile_predictor(chat, tmp_path, capsys):  # noqa: F811
+    target, train_dir, test_dir = chat
+    fit, held = split_validation(train_dir, str(tmp_path / "fit"), str(tmp_path / "held"), 0.3)
+    code = main(["eval", "--features", test_dir, "--train-features", fit, "--calibration-features", held,
+                 "--target", target, "--baselines", "constant", "--no-progress", "--output", str(tmp_path / "r")])
+    assert code == 2 and "no predictor gave quantiles" in capsys.readouterr().err

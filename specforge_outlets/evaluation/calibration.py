@@ -100,7 +100,12 @@ def pit_histogram(obs: Observations, levels: Sequence[float]) -> Dict[str, List[
 
 
 def conformal_shifts(obs: Observations, levels: Sequence[float]) -> List[float]:
-    """Per level, the shift in z = log(1 + r) that makes the calibration coverage at least tau."""
+    """Per level, the shift in z = log(1 + r) that makes the calibration coverage at least tau.
+
+    Where the rank falls on a censored response (or past the last one) no finite shift reaches
+    tau on the calibration split; the largest finite score is taken and :func:`short_levels`
+    names the level, so the report says the correction is a lower bound there.
+    """
     z_true = np.where(obs.censored, np.inf, np.log1p(obs.remaining))
     shifts = []
     for k, level in enumerate(levels):
@@ -112,6 +117,12 @@ def conformal_shifts(obs: Observations, levels: Sequence[float]) -> List[float]:
         shifts.append(float(scores[rank - 1]) if rank <= len(scores) and np.isfinite(scores[rank - 1])
                       else float(finite[-1]))
     return shifts
+
+
+def short_levels(obs: Observations, levels: Sequence[float]) -> List[float]:
+    """The levels whose conformal shift could not reach tau (the rank lands on a censored response)."""
+    finite = int((~obs.censored).sum())
+    return [level for level in levels if math.ceil((len(obs.remaining) + 1) * level) > finite]
 
 
 def shifted(prediction: Prediction, static_shifts: Sequence[float], dynamic_shifts: Sequence[float]) -> Prediction:
@@ -136,8 +147,9 @@ def summary(requests: Sequence[Request], predictions: Sequence[Prediction], leve
 
 
 def calibrate(calibration_requests: Sequence[Request], calibration_predictions: Sequence[Prediction],
-              levels: Sequence[float]) -> Dict[str, List[float]]:
+              levels: Sequence[float]) -> Dict[str, Any]:
     """Static and dynamic conformal shifts from the calibration split's predictions."""
     points = calibration_points(calibration_requests, calibration_predictions)
-    return {"static": conformal_shifts(points["static"], levels),
-            "dynamic": conformal_shifts(pooled([obs for name, obs in points.items() if name != "static"]), levels)}
+    dynamic = pooled([obs for name, obs in points.items() if name != "static"])
+    return {"static": conformal_shifts(points["static"], levels), "dynamic": conformal_shifts(dynamic, levels),
+            "under_corrected": {"static": short_levels(points["static"], levels), "dynamic": short_levels(dynamic, levels)}}

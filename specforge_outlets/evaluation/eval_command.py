@@ -68,7 +68,7 @@ def register(subparsers) -> None:
                              "one-sided, as at least their generated length (one_sided; OUTLETS' own head is set "
                              "by its recipe's outlets.length_censored)")
     parser.add_argument("--quantile-levels", type=parse_levels, metavar="LEVELS",
-                        help="the probes also fit OUTLETS' quantile head at these levels (e.g. 0.1,0.25,0.5,0.75,0.9; "
+                        help="the probes also fit a quantile head (OUTLETS' output form and loss) at these levels (e.g. 0.1,0.25,0.5,0.75,0.9; "
                              "a draft trained with outlets.quantile_levels brings its own): coverage and PIT in the report")
     parser.add_argument("--calibration-features",
                         help="responses no predictor trained on (a prompt-group split of the train capture): the "
@@ -222,6 +222,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
     if args.calibration_features:
         calibration = load_split(args.calibration_features, hidden_size=test.hidden_size, name="calibration-features")
         check_no_shared_prompts(calibration, test)
+        check_no_shared_prompts(train, calibration)  # calibrating on training prompts under-corrects
     context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
                           device=args.device, seed=args.seed, progress=progress,
                           options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training,
@@ -274,6 +275,9 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         rows = reporting.prediction_rows(test, predictions)
         write_predictions(os.path.join(out, "predictions", f"{predictor.name}.jsonl"), rows)
         all_rows += [(predictor.name, row) for row in rows]
+    if (args.calibration_features or args.quantile_levels) and not calibrations:
+        raise OutletsError("--calibration-features / --quantile-levels: no predictor gave quantiles; pass a --draft "
+                           "trained with outlets.quantile_levels, or --quantile-levels with the probe baselines")
     write_jsonl(os.path.join(out, "predictions.jsonl"), [  # every predictor's rows in one file, named
         {"id": row.id, "predictor": name, "predicted_output_len": row.predicted_output_len,
          "true_output_len": row.true_output_len} for name, row in all_rows])

@@ -116,7 +116,7 @@ class CrossEntropy(HeadLoss):
 
 
 class Pinball(HeadLoss):
-    """Quantiles of the target at ``levels`` (OUTLETS' quantile head, ``model/quantile_head.py``):
+    """Quantiles of the target at ``levels``, with the output form and loss of OUTLETS' quantile head (``model/quantile_head.py``):
     non-crossing outputs, the pinball loss, censored rows one-sided."""
 
     def __init__(self, levels: Sequence[float]) -> None:

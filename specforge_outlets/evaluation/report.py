@@ -273,6 +273,11 @@ def quantile_markdown(report: Dict[str, Any]) -> List[str]:
         if "shifts" in entry:
             lines += ["", "Conformal shifts in log(1 + r): static " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["static"])
                       + "; dynamic " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["dynamic"]) + "."]
+            short = {point: levels_ for point, levels_ in entry["shifts"].get("under_corrected", {}).items() if levels_}
+            if short:
+                lines.append("Under-corrected (the rank falls on censored calibration responses: the shift is a lower "
+                             "bound): " + "; ".join(f"{point} q{', q'.join(str(round(100 * l)) for l in levels_)}"
+                                                   for point, levels_ in short.items()) + ".")
         lines.append("")
     return lines
 

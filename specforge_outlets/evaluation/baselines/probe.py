@@ -7,8 +7,9 @@ hidden state (``hidden_state``, after the final norm). Each is trained at respon
 regress ``log(1 + remaining)`` (``heads.fit_head``); the state at the last prompt position gives
 the static prediction and every response position a dynamic one. A probe sees the target only,
 no draft: it is OUTLETS' head without the draft's gated layer and fused depths. With
-``outlets eval --quantile-levels`` each probe also fits OUTLETS' quantile head (``heads.Pinball``)
-on the same rows, so the distributional comparison gives both the same head.
+``outlets eval --quantile-levels`` each probe also fits a quantile head of the same output form and
+loss as OUTLETS' (``heads.Pinball``: non-crossing softplus steps, pinball, censored one-sided) on the
+same rows; its network is the probes' own (standardised inputs, one hidden layer of 256, AdamW).
 """
 
 from __future__ import annotations
