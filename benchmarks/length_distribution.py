@@ -34,6 +34,7 @@ from specforge_outlets.demo.stages import written
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
 OUT = os.path.join(LABEL_SET, "eval", "distribution")
+FIGURES = os.path.join(HERE, "..", "docs", "figures")
 # The levels of the quantile head: enough to draw a PIT histogram of 6 bins and to reserve KV at
 # the 0.75 or 0.9 quantile; 0.1 and 0.9 are the coverage targets.
 LEVELS = "[0.1,0.25,0.5,0.75,0.9]"
@@ -99,6 +100,7 @@ def main() -> int:
             shutil.copy(os.path.join(report, name), os.path.join(OUT, f"{mode}-{name}"))
         compact_record(os.path.join(report, "predictions.jsonl.gz"), os.path.join(OUT, f"{mode}-predictions.jsonl.gz"),
                        DYNAMIC_KEPT[mode])
+        shutil.copy(os.path.join(report, "pit.png"), os.path.join(FIGURES, f"sharegpt-smollm2-quantile-pit-{mode}.png"))
     print(f"reports: {', '.join(reports.values())}")
     return 0
 

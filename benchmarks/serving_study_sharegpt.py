@@ -172,6 +172,11 @@ class LabelSetWorkload(Workload):
         with open(REQUESTS) as handle:
             requests = {row["id"]: row for row in map(json.loads, handle)}
         self.rows = read_eval_record(record) if record else read_eval_record()
+        if record:  # another record may hold test requests the committed lengths do not: only the joined ones
+            joined = [row for row in self.rows if row["id"] in requests]
+            print(f"{record}: {len(joined)} of {len(self.rows)} requests have a prompt length in {REQUESTS}; "
+                  "the others are left out", file=sys.stderr)
+            self.rows = joined
         self.row_of = {row["id"]: index for index, row in enumerate(self.rows)}
         self.input_lens = np.array([requests[row["id"]]["input_length"] for row in self.rows])
         self.output_lens = np.array([int(row["true_output_len"]) for row in self.rows])
