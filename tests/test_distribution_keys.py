@@ -21,15 +21,15 @@ from specforge_outlets.scheduling import (
     sjf_sort_key,
 )
 
+from tests.test_scheduling import Req as PointReq
+
 LEVELS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 @dataclass
-class Req:
-    name: str
-    arrival_time: float
-    predicted_output_len: Optional[float]
-    num_generated_tokens: int = 0
+class Req(PointReq):
+    """test_scheduling's request with the distribution fields."""
+
     predicted_output_quantiles: Optional[Tuple[float, ...]] = None
     prompt_len: Optional[int] = None
 

@@ -49,6 +49,18 @@ def _rope_theta(config: dict) -> float:
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
+def _loaded_head(head: torch.nn.Module, prefix: str, weights: Dict[str, torch.Tensor], directory: str, shape_field: str,
+                 dtype: torch.dtype, device) -> torch.nn.Module:
+    """``head`` with the export's ``prefix.*`` weights, on ``device``; a mismatch names the config fields that shape it."""
+    own = {name[len(prefix) + 1:]: tensor for name, tensor in weights.items() if name.startswith(f"{prefix}.")}
+    try:
+        head.load_state_dict(own)
+    except RuntimeError as error:
+        raise OutletsError(f"--outlets-draft-path {directory}: {prefix.replace('_', ' ')} does not match "
+                           f"outlets_config.head_widths / {shape_field} ({error})") from None
+    return head.to(device=device, dtype=dtype)
+
+
 class OutletsLengthPredictor:
     """Predicts the output length of a prompt from the target's fused features at prefill.
 
@@ -96,26 +108,14 @@ class OutletsLengthPredictor:
             )
         self.embed_tokens = embed_tokens
         self.dtype = dtype
-        # The training side's head module, with the export's weights (its bucket centres included).
-        self.length_head = LengthHead(list(self.outlets.head_widths), self.outlets.bucket_edges)
-        head = {name[len("length_head."):]: tensor for name, tensor in weights.items() if name.startswith("length_head.")}
-        try:
-            self.length_head.load_state_dict(head)
-        except RuntimeError as error:
-            raise OutletsError(f"--outlets-draft-path {directory}: length head does not match "
-                                       f"outlets_config.head_widths / bucket_edges ({error})") from None
-        self.length_head.to(device=self.device, dtype=dtype)
+        # The training side's head modules, with the export's weights (the length head's bucket centres included).
+        self.length_head = _loaded_head(LengthHead(list(self.outlets.head_widths), self.outlets.bucket_edges),
+                                        "length_head", weights, directory, "bucket_edges", dtype, self.device)
         self.quantile_head = None  # an export trained with outlets.quantile_levels has one (issue 27)
         if self.outlets.quantile_levels:
-            self.quantile_head = QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels)
-            quantile = {name[len("quantile_head."):]: tensor for name, tensor in weights.items()
-                        if name.startswith("quantile_head.")}
-            try:
-                self.quantile_head.load_state_dict(quantile)
-            except RuntimeError as error:
-                raise OutletsError(f"--outlets-draft-path {directory}: quantile head does not match "
-                                   f"outlets_config.head_widths / quantile_levels ({error})") from None
-            self.quantile_head.to(device=self.device, dtype=dtype)
+            self.quantile_head = _loaded_head(
+                QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels), "quantile_head", weights,
+                directory, "quantile_levels", dtype, self.device)
         # the rest of the draft, read by the forward below (the heads' tensors live in their modules only)
         self.w: Dict[str, torch.Tensor] = {
             k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()
