@@ -19,14 +19,7 @@ if STUBS not in sys.path:
 from sglang_patches import predictions as P, state  # noqa: E402
 from sglang_patches.settings import CUSTOM_PARAM_KEY  # noqa: E402
 from specforge_outlets.benchmarking.end_at_length import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
-    return state.applied_targets()
+from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
 
 
 def generate_input(sampling_params, labels, text="hello", rid=None):

@@ -23,16 +23,9 @@ if STUBS not in sys.path:
 
 from sglang_patches import load_endpoint, predictions as P, state  # noqa: E402
 from sglang_patches.snapshots import snapshot_class  # noqa: E402
+from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
 
 PRIOR = 256.0
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
-    return state.applied_targets()
 
 
 @pytest.fixture(autouse=True)

@@ -31,25 +31,7 @@ from sglang_patches.settings import (  # noqa: E402
     ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_ORDER_KEY, ENV_PRIOR, ENV_QUANTILE_LEVELS,
     OutletsSettingsError, read_settings, validate_draft_dir,
 )
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
-    return state.applied_targets()
-
-
-@pytest.fixture(autouse=True)
-def keep_logging():
-    """``prepare_server_args`` reconfigures the root logger (basicConfig(force=True)); undo it."""
-    import logging
-
-    handlers, level = list(logging.root.handlers), logging.root.level
-    yield
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
+from tests.sglang_harness.fixtures import keep_logging, plugins_loaded  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)

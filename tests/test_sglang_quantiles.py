@@ -36,18 +36,11 @@ from sglang_patches.settings import (  # noqa: E402
     QUANTILES_PARAM_KEY, OutletsSettingsError, read_settings,
 )
 from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
+from tests.sglang_harness.fixtures import keep_logging, plugins_loaded  # noqa: F401  (fixtures)
 
 LEVELS = tuple(DEFAULT_QUANTILE_LEVELS)  # 0.1, 0.25, 0.5, 0.75, 0.9
 TAILED = (3.0, 4.0, 6.0, 40.0, 2000.0)  # median 6, a long tail: Gittins serves it early, the risk key late
 SURE = (148.0, 149.0, 150.0, 151.0, 152.0)
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
-    return state.applied_targets()
 
 
 @pytest.fixture(autouse=True)
@@ -60,17 +53,6 @@ def clean_env(monkeypatch):
     for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
         os.environ.pop(name)
     state.reset_settings()
-
-
-@pytest.fixture(autouse=True)
-def keep_logging():
-    """``prepare_server_args`` reconfigures the root logger (basicConfig(force=True)); undo it."""
-    import logging
-
-    handlers, level = list(logging.root.handlers), logging.root.level
-    yield
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
 
 
 def use_env(monkeypatch, **values):
