@@ -1,4 +1,4 @@
-"""The serving study's colocated runs under four KV admissions, every ratio against SGLang's own (issue 26).
+"""The serving study's colocated runs under five KV admissions, every ratio against SGLang's own (issue 26).
 
 A workload of ``serving_study_sharegpt.py`` (``--workload``: the label set's, ``sharegpt-chatgpt`` or
 ``azure-conv``, with that study's clusters and runs: SGLang's prediction-free policies and the
@@ -7,11 +7,12 @@ other two workloads' r̂₀ carry the errors OUTLETS made on the label set) on 4
 instances of 100,000 KV tokens each,
 under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
 ``sglang`` (SGLang 0.5.23's own, ``simulation/sglang_admission.py``) and ``predicted`` (the plugin's
-KV by prediction; without a prediction it reserves in full), and as a second baseline ``vllm``
-(vLLM 0.34.0's own, ``simulation/vllm_admission.py``) under vLLM's default, round robin + FCFS
-only (vLLM's admission models its FCFS scheduler). Every ratio is to SGLang's default, round robin +
-FCFS under SGLang's admission; the report also gives the plugin's default and SGLang's as ratios to
-vLLM's. Colocated only: neither engine's admission is modelled on disaggregated decode instances.
+KV by prediction; without a prediction it reserves in full), and as further baselines ``vllm``
+(vLLM 0.34.0's own, ``simulation/vllm_admission.py``) and ``vllm-0.13`` (vLLM v0.13's, the paper's
+baseline) under vLLM's default, round robin + FCFS only (vLLM's admission models its FCFS
+scheduler). Every ratio is to SGLang's default, round robin + FCFS under SGLang's admission; the
+report also gives the plugin's default and SGLang's as ratios to each vLLM version's. Colocated
+only: neither engine's admission is modelled on disaggregated decode instances.
 Writes ``<workload>-colocated.json`` and ``report.md``, one section for each workload written so far.
 
     .venv/bin/python benchmarks/admission_study.py                           # the label set's, about 2 minutes on one core
@@ -39,11 +40,13 @@ from specforge_outlets.simulation.study import summarize  # noqa: E402
 CLUSTER = "colocated x4"
 KV_CAPACITY = 100_000  # per instance, as the serving study's KV-bound set-up
 ADMISSIONS = {"full reservation": KVAdmission.MAX_NEW_TOKENS, "sglang": KVAdmission.SGLANG,
-              "predicted": KVAdmission.PREDICTED, "vllm": KVAdmission.VLLM}
+              "predicted": KVAdmission.PREDICTED, "vllm": KVAdmission.VLLM, "vllm-0.13": KVAdmission.VLLM_0_13}
 RUNS = study.PEER_RUNS + [(f"least-predicted-work + tail-safe | {p}", "least-predicted-work", "tail-safe", p)
                           for p in ("none", "outlets r0")]
 BASELINE = ("sglang", "round-robin + fcfs")  # SGLang's default with SGLang's admission
-VLLM_BASELINE = ("vllm", "round-robin + fcfs")  # vLLM's default with vLLM's admission, its only run here
+VLLM_RUN = "round-robin + fcfs"  # vLLM's default, the only run under vLLM's admissions
+# vLLM's admissions, as the report names them: 0.34.0's, and v0.13's, the paper's baseline
+VLLM_BASELINES = {"vllm": "vLLM", "vllm-0.13": "vLLM v0.13"}
 DEFAULT = ("predicted", "least-predicted-work + tail-safe | outlets r0")  # the plugin's default
 
 
@@ -93,12 +96,12 @@ def result_path(output: str, workload: str) -> str:
 
 def runs_under(admission_name: str):
     """The runs of an admission: all of them, but vLLM's default alone under vLLM's."""
-    return [run for run in RUNS if admission_name != VLLM_BASELINE[0] or run[0] == VLLM_BASELINE[1]]
+    return [run for run in RUNS if admission_name not in VLLM_BASELINES or run[0] == VLLM_RUN]
 
 
 def report(workload, rows, rates):
     """short P99 / long P99 / throughput of every run as ratios to SGLang's default under SGLang's admission,
-    then (where vLLM's admission was run) the plugin's default and SGLang's as ratios to vLLM's default."""
+    then (for each vLLM admission run) the plugin's default and SGLang's as ratios to vLLM's default under it."""
     by = {(row["admission"], row["rate_rps"], row["run"]): row for row in rows}
     header = ["| admission | run | " + " | ".join(f"{rate:g} rps" for rate in rates) + " |",
               "|---|---|" + "---:|" * len(rates)]
@@ -108,11 +111,12 @@ def report(workload, rows, rates):
         lines += [ratio_row(by, admission, label, rates, BASELINE) for label, *_ in runs_under(admission)
                   if (admission, rates[0], label) in by]
     lines += baseline_table(by, rates, BASELINE, "baseline")
-    if (VLLM_BASELINE[0], rates[0], VLLM_BASELINE[1]) in by:
-        lines += ["", "The plugin's default and SGLang's as ratios to vLLM's, round robin + FCFS under vLLM's admission "
-                  "(retractions in brackets; vLLM's preemptions are in its row above)", ""] + header
-        lines += [ratio_row(by, *run, rates, VLLM_BASELINE) for run in (DEFAULT, BASELINE)]
-        lines += baseline_table(by, rates, VLLM_BASELINE, "vLLM baseline")
+    for admission, vllm in VLLM_BASELINES.items():
+        if (admission, rates[0], VLLM_RUN) in by:
+            lines += ["", f"The plugin's default and SGLang's as ratios to {vllm}'s, round robin + FCFS under {vllm}'s "
+                      f"admission (retractions in brackets; {vllm}'s preemptions are in its row above)", ""] + header
+            lines += [ratio_row(by, *run, rates, (admission, VLLM_RUN)) for run in (DEFAULT, BASELINE)]
+            lines += baseline_table(by, rates, (admission, VLLM_RUN), f"{vllm} baseline")
     return lines + [""]
 
 

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "specforge_outlets.training.export_command",
     "specforge_outlets.evaluation.eval_command",
     "specforge_outlets.simulation.simulate_command",
+    "specforge_outlets.simulation.fit_step_time_command",
     "specforge_outlets.benchmarking.bench_command",
     "specforge_outlets.benchmarking.compare_command",
     "specforge_outlets.demo.demo_command",

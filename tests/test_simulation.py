@@ -77,6 +77,42 @@ def test_step_time_formula_from_datasheet_numbers():
     assert model.step_time(0, 1000) - model.step_time(0) == pytest.approx(2 * 8.03e9 * 1000 / 989e12)
 
 
+FITTED = {"fixed_s": 0.01, "per_request_s": 0.002, "per_kv_token_s": 1e-6, "per_prefill_token_s": 3e-5}
+
+
+def test_fitted_step_time_charges_each_running_request():
+    model = StepTimeModel.fitted(**FITTED)
+    assert model.step_time(1000, 200, 8) == pytest.approx(0.01 + 8 * 0.002 + 1000 * 1e-6 + 200 * 3e-5)
+    batch, kv = 9, 3_000
+    by_step = sum(model.step_time(kv + batch * step, 0, batch) for step in range(150))
+    assert model.decode_steps_time(150, batch, kv) == pytest.approx(by_step, rel=1e-12)
+    for steps in (0, 1, 40, 150):
+        elapsed = model.decode_steps_time(steps, batch, kv)
+        assert model.decode_steps_done(elapsed + 1e-12, batch, kv) == steps
+        assert model.decode_steps_done(elapsed - 1e-9, batch, kv) == max(steps - 1, 0)
+
+
+def test_fitted_step_time_sets_a_colocated_instance_s_pace():
+    # one request of 10 output tokens alone: a mixed prefill step (batch 0), then 9 decode steps of batch 1
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": 1000,
+                                        "max_new_tokens": 10, "fitted_step_time": FITTED}, "test")
+    result = simulate(make_trace([(0.0, 100, 10)]), cluster)
+    prefill = 0.01 + 100 * 3e-5
+    decode = sum(0.01 + 0.002 + (101 + step) * 1e-6 for step in range(9))
+    assert result.first_token_times[0] == pytest.approx(prefill, rel=1e-6)
+    assert result.finish_times[0] == pytest.approx(prefill + decode, rel=1e-3)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"fitted_step_time": {**FITTED, "per_request_s": -1}, "kv_capacity_tokens": 100}, "fitted_step_time.per_request_s"),
+    ({"fitted_step_time": {"fixed_s": 0.01}, "kv_capacity_tokens": 100}, "exactly fixed_s, per_request_s"),
+    ({"fitted_step_time": FITTED}, "needs kv_capacity_tokens"),
+])
+def test_fitted_step_time_refuses_bad_coefficients(values, message):
+    with pytest.raises(OutletsError, match=message):
+        cluster_config_from_dict({"mode": "colocated", **values}, "test")
+
+
 # --- hand-computed timelines ----------------------------------------------------------------------
 def test_fcfs_timeline_on_one_decode_slot(unit_steps):
     result = simulate(THREE, pd_cluster(max_running_requests=1), queue="fcfs")

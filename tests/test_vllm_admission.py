@@ -1,39 +1,57 @@
-"""``kv_admission: vllm``: vLLM v1's admission and preemption, on cases computed by hand.
+"""``kv_admission: vllm`` and ``vllm-0.13``: vLLM v1's admission and preemption, on cases computed by hand.
 
 That vLLM's own ``Scheduler`` decides the same at every step is tested where vLLM is importable
-(tests/test_vllm_admission_against_vllm.py). Here, with blocks of 64 tokens and a pool of 5 blocks
-(4 usable: ``BlockPool`` keeps one as its null block): a preemption when the blocks run out, the
-preempted request re-admitted first and recomputing its prompt and tokens, block rounding at
-admission, and no admission in a step that preempted.
+(tests/test_vllm_admission_against_vllm.py). Here, with vLLM 0.34.0's blocks of 64 tokens and a pool
+of 5 blocks (4 usable: ``BlockPool`` keeps one as its null block): a preemption when the blocks run
+out, the preempted request re-admitted first and recomputing its prompt and tokens, block rounding at
+admission, and no admission in a step that preempted. The same 320 tokens hold 20 of v0.13's blocks
+of 16 (19 usable), where a prompt is admitted once its first chunk fits: earlier than under 0.34.0,
+and preempted again and again while its whole sequence does not fit.
 """
 
 import dataclasses
+import json
 from typing import List, Tuple
 
 import numpy as np
 import pytest
 
+from specforge_outlets.cli import main
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import SchedulingConfig
 from specforge_outlets.scheduling.request_queue import FCFSRequestQueue
 from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation import vllm_admission
-from specforge_outlets.simulation.cluster import cluster_config_from_dict
+from specforge_outlets.simulation.cluster import VLLM_ADMISSIONS, cluster_config_from_dict
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
 from specforge_outlets.simulation.predictors import PredictorKind
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from tests.binding_cache import binding_cluster, binding_trace
 from specforge_outlets.simulation.study import StudyPlan, run_study
 
-BLOCK = vllm_admission.BLOCK_SIZE
-USABLE_BLOCKS = 4
+VLLM_0_34, VLLM_0_13 = vllm_admission.VLLM_0_34, vllm_admission.VLLM_0_13
+BLOCK = VLLM_0_34.block_size
+USABLE_BLOCKS = 4  # of 64 tokens
+CAPACITY = (USABLE_BLOCKS + 1) * BLOCK  # KV tokens of the instance below, the null block's included
 
 
 def test_blocks_round_up_and_the_pool_keeps_its_null_block():
     assert BLOCK == 64  # vLLM 0.34.0's default; the cases below are computed with it
-    assert [vllm_admission.blocks_for(t) for t in (0, 1, 64, 65, 128, 129)] == [0, 1, 1, 2, 2, 3]
-    assert vllm_admission.pool_blocks(6000) == 93 and vllm_admission.usable_blocks(6000) == 92
-    assert vllm_admission.watermark_blocks(6000) == 0  # off by default
+    assert [VLLM_0_34.blocks_for(t) for t in (0, 1, 64, 65, 128, 129)] == [0, 1, 1, 2, 2, 3]
+    assert VLLM_0_34.pool_blocks(6000) == 93 and VLLM_0_34.usable_blocks(6000) == 92
+    assert VLLM_0_34.watermark_blocks(6000) == 0  # off by default
+
+
+def test_v0_13_blocks_hold_16_tokens():
+    assert VLLM_0_13.block_size == 16  # CudaPlatform's default for dense models
+    assert [VLLM_0_13.blocks_for(t) for t in (0, 1, 16, 17, 250, 256, 257)] == [0, 1, 1, 2, 16, 16, 17]
+    assert VLLM_0_13.pool_blocks(6000) == 375 and VLLM_0_13.usable_blocks(6000) == 374
+    assert VLLM_0_13.usable_blocks(CAPACITY) == 19 and VLLM_0_13.watermark_blocks(6000) == 0  # v0.13 has none
+    assert (VLLM_0_13.blocks_for(np.array([0, 15, 16, 17])) == [0, 1, 1, 2]).all()  # check_fits passes arrays
+
+
+def test_every_vllm_admission_has_its_versions_rules():
+    assert set(vllm_admission.RULES) == set(VLLM_ADMISSIONS)
 
 
 @pytest.mark.parametrize("blocks, free, kept", [
@@ -48,29 +66,40 @@ def test_preemption_takes_the_last_running_request_until_the_allocation_fits(blo
 
 
 def test_admission_needs_the_whole_sequences_blocks_and_the_watermark_only_while_others_run():
-    assert vllm_admission.admits(128, 2, 0, True) and not vllm_admission.admits(129, 2, 0, True)
-    assert not vllm_admission.admits(128, 2, 1, True) and vllm_admission.admits(128, 2, 1, False)
+    # 0.34.0: the budget (here 64 tokens, less than the sequence) changes nothing
+    assert VLLM_0_34.admits(128, 64, 2, 0, True) and not VLLM_0_34.admits(129, 64, 2, 0, True)
+    assert not VLLM_0_34.admits(128, 64, 2, 1, True) and VLLM_0_34.admits(128, 64, 2, 1, False)
 
 
-def test_decode_steps_that_fit_are_the_step_by_step_count():
+def test_v0_13_admission_needs_only_the_first_chunks_blocks():
+    # 250 tokens fill 16 blocks of 16; with 63 tokens of budget left the first chunk fills 4
+    assert VLLM_0_13.admits(250, 63, 4, 0, True) and not VLLM_0_13.admits(250, 63, 3, 0, True)
+    assert VLLM_0_13.admits(250, 64, 4, 0, True) and not VLLM_0_13.admits(250, 65, 4, 0, True)
+    assert VLLM_0_13.admits(20, 8192, 2, 0, True) and not VLLM_0_13.admits(20, 8192, 1, 0, True)  # all of it
+    # the same request at 0.34.0's 64 tokens a block: its whole sequence's 4 blocks
+    assert not VLLM_0_34.admits(250, 63, 3, 0, True) and VLLM_0_34.admits(250, 63, 4, 0, True)
+
+
+@pytest.mark.parametrize("rules", [VLLM_0_34, VLLM_0_13], ids=lambda rules: rules.version)
+def test_decode_steps_that_fit_are_the_step_by_step_count(rules):
     rng = np.random.default_rng(0)
     for _ in range(2000):
         tokens = [int(t) for t in rng.integers(1, 400, int(rng.integers(1, 8)))]
-        total = sum(vllm_admission.blocks_for(t) for t in tokens) + int(rng.integers(0, 20))
+        total = sum(rules.blocks_for(t) for t in tokens) + int(rng.integers(0, 20))
         steps = 0
-        while sum(vllm_admission.blocks_for(t + steps) for t in tokens) <= total:
+        while sum(rules.blocks_for(t + steps) for t in tokens) <= total:
             steps += 1
-        assert vllm_admission.decode_steps_that_fit(tokens, total) == steps, (tokens, total)
+        assert vllm_admission.decode_steps_that_fit(tokens, total, rules.block_size) == steps, (tokens, total)
 
 
 # --- one instance of 4 usable blocks, step by step -----------------------------------------------
 
 
-def run_one_instance(monkeypatch, requests: List[Tuple[float, int, int]], chunk: int = 8192):
-    """Run (arrival s, prompt, output) requests on one vLLM instance of 4 usable blocks and a step
-    budget of ``chunk`` tokens; the result, the steps it ran and a log of (step, event, request,
-    tokens): admitted with the tokens it computes, preempted with the tokens it had generated (or,
-    still prefilling, computed), joined the decode batch with the tokens it has."""
+def run_one_instance(monkeypatch, requests: List[Tuple[float, int, int]], chunk: int = 8192, admission: str = "vllm"):
+    """Run (arrival s, prompt, output) requests on one vLLM instance of CAPACITY tokens (0.34.0: 4 usable
+    blocks) and a step budget of ``chunk`` tokens; the result, the steps it ran and a log of (step,
+    event, request, tokens): admitted with the tokens it computes, preempted with the tokens it had
+    generated (or, still prefilling, computed), joined the decode batch with the tokens it has."""
     log = []
     take_head, retract, preempt_prefill, start_decoding = (
         EngineInstance._take_head, EngineInstance._retract, EngineInstance._preempt_prefill, EngineInstance._start_decoding)
@@ -98,8 +127,8 @@ def run_one_instance(monkeypatch, requests: List[Tuple[float, int, int]], chunk:
     arrivals, inputs, outputs = (np.array(column) for column in zip(*requests))
     trace = Trace("hand", [str(i) for i in range(len(requests))], arrivals, inputs, outputs)
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_new_tokens": 1, "max_running_requests": 8,
-                                        "chunked_prefill_size": chunk, "kv_capacity_tokens": (USABLE_BLOCKS + 1) * BLOCK,
-                                        "kv_admission": "vllm"}, "test")
+                                        "chunked_prefill_size": chunk, "kv_capacity_tokens": CAPACITY,
+                                        "kv_admission": admission}, "test")
     simulation = Simulation(trace, [None] * len(trace), cluster, Policy(routing_policy("round-robin"),
                                                                          queue_policy("fcfs")), SchedulingConfig())
     result = simulation.run()
@@ -170,13 +199,60 @@ def test_a_prompt_still_prefilling_is_preempted_when_it_is_the_last(monkeypatch)
     assert steps == 103 + 3 and result.retractions.tolist() == [0, 0, 1]
 
 
-def test_vllm_admission_is_refused_where_it_is_not_modelled():
-    with pytest.raises(OutletsError, match="kv_admission vllm models vLLM's Scheduler on colocated.*set mode colocated"):
-        cluster_config_from_dict({"mode": "disaggregated", "kv_admission": "vllm"}, "test")
+# --- v0.13 on the same 320 tokens: 19 usable blocks of 16 -----------------------------------------
+
+
+def events(log):
+    """A log's (step, event, request), without the tokens."""
+    return [(step, event, index) for step, event, index, _ in log]
+
+
+def test_v0_13_admits_a_prompt_once_its_first_chunk_fits(monkeypatch):
+    # 64 tokens a step. A: 128 tokens of prompt, 3 out; B: 200 tokens of prompt, 2 out
+    requests = [(0.0, 128, 3), (0.0, 200, 2)]
+    _, steps, log = run_one_instance(monkeypatch, requests, chunk=64)
+    # 0.34.0: B's whole sequence takes all 4 blocks; A holds 3 from step 2 until it finishes at step 3.
+    # B then computes its prompt in 4 steps
+    assert events(log) == [(0, "admitted", A), (2, "joined", A), (4, "admitted", B), (8, "joined", B)]
+    assert steps == 9
+    _, steps, log = run_one_instance(monkeypatch, requests, chunk=64, admission="vllm-0.13")
+    assert log == [
+        (0, "admitted", A, 128),  # 4 blocks for its first 64 tokens, then 8 in all
+        (2, "joined", A, 1),
+        # A's token 129 takes a 9th block, 10 are left: B's first chunk, 63 tokens, fits 4 (its 200 need 13)
+        (2, "admitted", B, 200),
+        # B's chunks of 63 and 64 fit beside A (9 blocks) until A finishes at step 3, then its last 10
+        (6, "joined", B, 1),
+    ]
+    assert steps == 7
+
+
+def test_v0_13_preempts_a_prompt_again_and_again_while_its_whole_sequence_does_not_fit(monkeypatch):
+    # 128 tokens a step. A: 64 tokens of prompt, 10 out; B: 250 tokens of prompt (16 blocks), 2 out
+    requests = [(0.0, 64, 10), (0.0, 250, 2)]
+    result, steps, log = run_one_instance(monkeypatch, requests, chunk=128)
+    # 0.34.0: B's 4 blocks are free only once A finishes, at step 9 (A holds 2 blocks until then)
+    assert events(log) == [(0, "admitted", A), (1, "joined", A), (10, "admitted", B), (12, "joined", B)]
+    assert result.retractions.tolist() == [0, 0] and steps == 13
+    result, steps, log = run_one_instance(monkeypatch, requests, chunk=128, admission="vllm-0.13")
+    # v0.13: B, first seen at step 1, computes 127 tokens (8 blocks) beside A's 5 blocks; at step 2 its
+    # other 123 need 16 blocks in all: B, the last, preempts itself. Its first 127 would fit the 14
+    # blocks left, but a step that preempted admits none: re-admitted at step 3, preempted at step 4
+    # as at step 2, and so on until A finishes at step 9
+    thrash = [event for step in (1, 3, 5, 7) for event in [(step, "admitted", B, 250),
+                                                            (step + 1, "preempted prefilling", B, 127)]]
+    assert log == [(0, "admitted", A, 64), (1, "joined", A, 1), *thrash, (9, "admitted", B, 250), (11, "joined", B, 1)]
+    assert result.retractions.tolist() == [0, 4] and steps == 12
+
+
+@pytest.mark.parametrize("admission", ["vllm", "vllm-0.13"])
+def test_vllm_admission_is_refused_where_it_is_not_modelled(admission):
+    with pytest.raises(OutletsError, match=f"kv_admission {admission} models vLLM's Scheduler on colocated.*set mode"):
+        cluster_config_from_dict({"mode": "disaggregated", "kv_admission": admission}, "test")
     with pytest.raises(OutletsError, match="max_num_seqs.*lower max_running_requests or raise chunked_prefill_size"):
-        cluster_config_from_dict({"mode": "colocated", "kv_admission": "vllm", "max_running_requests": 512,
+        cluster_config_from_dict({"mode": "colocated", "kv_admission": admission, "max_running_requests": 512,
                                   "chunked_prefill_size": 256}, "test")
-    cluster = cluster_config_from_dict({"mode": "colocated", "kv_admission": "vllm"}, "test")
+    cluster = cluster_config_from_dict({"mode": "colocated", "kv_admission": admission}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     with pytest.raises(OutletsError, match="queue sjf is not vLLM's: run queue fcfs only"):
         Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy("sjf")), SchedulingConfig())
@@ -196,10 +272,47 @@ def test_a_study_under_vllm_admission_is_refused_before_it_runs_an_order_vllm_la
     assert len(run_study(trace, cluster, SchedulingConfig(), dataclasses.replace(plan, study_predictors=[]))) == 1
 
 
+def run_fcfs(trace: Trace, cluster, routing: str = "round-robin"):
+    return Simulation(trace, [None] * len(trace.ids), cluster, Policy(routing_policy(routing), queue_policy("fcfs")),
+                      SchedulingConfig()).run()
+
+
+@pytest.mark.parametrize("admission", ["vllm", "vllm-0.13"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work"])
-def test_every_request_finishes_under_vllm_admission_in_a_cache_that_binds(routing):
-    trace, cluster = binding_trace(), binding_cluster("vllm")
-    result = Simulation(trace, [None] * len(trace.ids), cluster, Policy(routing_policy(routing), queue_policy("fcfs")),
-                        SchedulingConfig()).run()
+def test_every_request_finishes_under_vllm_admission_in_a_cache_that_binds(routing, admission):
+    result = run_fcfs(binding_trace(), binding_cluster(admission), routing)
     assert np.isfinite(result.finish_times).all() and (result.finish_times >= result.first_token_times).all()
     assert result.retractions.sum() > 0  # nothing reserved ahead: the cache overflows and vLLM preempts
+
+
+def test_v0_13_preempts_far_more_than_0_34_where_prompts_span_several_chunks():
+    # 60 requests in 2 s on one instance of 8,000 tokens, prompts of 500-3,000 tokens in chunks of 512:
+    # v0.13 admits a prompt on its first chunk and preempts it when its later chunks do not fit (2,097
+    # times when written, to 0.34.0's 12). Where prompts are short, v0.13's finer blocks waste less and
+    # it can preempt less (the binding trace above under round robin: 90 times to 0.34.0's 106).
+    rng = np.random.default_rng(0)
+    trace = Trace("long prompts", [str(i) for i in range(60)], np.sort(rng.uniform(0.0, 2.0, 60)),
+                  rng.integers(500, 3000, 60), rng.integers(50, 800, 60))
+    preemptions = {}
+    for admission in ("vllm", "vllm-0.13"):
+        cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": 8000,
+                                            "max_new_tokens": 1, "chunked_prefill_size": 512,
+                                            "max_running_requests": 32, "kv_admission": admission}, "test")
+        result = run_fcfs(trace, cluster)
+        assert np.isfinite(result.finish_times).all()
+        preemptions[admission] = int(result.retractions.sum())
+    assert preemptions["vllm-0.13"] > 10 * max(preemptions["vllm"], 1)
+
+
+def test_outlets_simulate_reads_vllm_0_13_from_the_cluster_config(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 0.05, "input_length": 200 + i * 97 % 900,
+                                         "output_length": 5 + i * 37 % 300, "id": f"r{i}"}) + "\n" for i in range(40)))
+    config = tmp_path / "cluster.yaml"
+    config.write_text("mode: colocated\ninstances: 1\nkv_admission: vllm-0.13\nkv_capacity_tokens: 4000\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(trace), "--config", str(config), "--output", str(out), "--routing",
+                 "round-robin", "--queue", "fcfs", "--no-controlled-study"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cluster"]["kv_admission"] == "vllm-0.13"
+    assert [run["metrics"]["all"]["requests"] for run in summary["runs"]] == [40]

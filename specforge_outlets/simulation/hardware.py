@@ -3,6 +3,10 @@
     decode step  = overhead + (weight bytes + KV bytes read for the batch) / (HBM bandwidth * BW_EFF)
     prefill work = 2 * params * prompt tokens / (dense bf16 FLOP/s * MFU)
 
+or the same linear form fitted to a measured server (:meth:`StepTimeModel.fitted`), which adds a
+cost per running request: on a CPU server, or any whose per-request sampling and bookkeeping
+outweigh reading the cache, that term sets the step.
+
 A step that does both (chunked prefill) pays both terms. The decode formula is memory-bound: it
 holds while the batch's matmul FLOPs (2 * params * batch) take less time than reading the weights
 and KV cache, i.e. for batches up to a few hundred requests on H100/H200 with an 8B model.
@@ -83,6 +87,7 @@ class StepTimeModel:
     effective_bandwidth: float  # bytes/s actually achieved
     effective_flops: float  # FLOP/s actually achieved in prefill
     step_overhead_s: float
+    per_request_s: float = 0.0  # each running request's share of a step (sampling, bookkeeping)
 
     @classmethod
     def for_pair(
@@ -102,11 +107,20 @@ class StepTimeModel:
             step_overhead_s=step_overhead_s,
         )
 
-    def step_time(self, kv_tokens: float, prefill_tokens: int = 0) -> float:
-        """One step that reads all weights and ``kv_tokens`` of KV cache and prefills some tokens."""
+    @classmethod
+    def fitted(cls, fixed_s: float, per_request_s: float, per_kv_token_s: float,
+               per_prefill_token_s: float) -> "StepTimeModel":
+        """Coefficients in seconds, measured on a server: its fixed cost per step, per running request,
+        per token of KV cache held and per prompt token prefilled (a bandwidth and FLOP rate of 1)."""
+        return cls(weight_bytes=0.0, kv_bytes_per_token=per_kv_token_s, flops_per_prefill_token=per_prefill_token_s,
+                   effective_bandwidth=1.0, effective_flops=1.0, step_overhead_s=fixed_s, per_request_s=per_request_s)
+
+    def step_time(self, kv_tokens: float, prefill_tokens: int = 0, batch_size: int = 0) -> float:
+        """One step that reads all weights and ``kv_tokens`` of KV cache, decodes ``batch_size``
+        requests and prefills some tokens."""
         memory = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) / self.effective_bandwidth
         compute = prefill_tokens * self.flops_per_prefill_token / self.effective_flops
-        return self.step_overhead_s + memory + compute
+        return self.step_overhead_s + batch_size * self.per_request_s + memory + compute
 
     def _kv_growth_per_step(self, batch_size: int) -> float:
         """Extra seconds per step as each of ``batch_size`` requests adds one token of KV."""
@@ -115,13 +129,13 @@ class StepTimeModel:
     def decode_steps_time(self, num_steps: int, batch_size: int, kv_tokens: float) -> float:
         """Seconds for ``num_steps`` decode steps of a fixed batch starting with ``kv_tokens`` of KV."""
         growth = self._kv_growth_per_step(batch_size)
-        return num_steps * self.step_time(kv_tokens) + growth * num_steps * (num_steps - 1) / 2
+        return num_steps * self.step_time(kv_tokens, 0, batch_size) + growth * num_steps * (num_steps - 1) / 2
 
     def decode_steps_done(self, elapsed_s: float, batch_size: int, kv_tokens: float) -> int:
         """Whole decode steps finished within ``elapsed_s`` (inverse of :meth:`decode_steps_time`)."""
         if elapsed_s <= 0:
             return 0
-        first, growth = self.step_time(kv_tokens), self._kv_growth_per_step(batch_size)
+        first, growth = self.step_time(kv_tokens, 0, batch_size), self._kv_growth_per_step(batch_size)
         # Solve growth/2 * n^2 + (first - growth/2) * n = elapsed for n, then fix float rounding.
         half, linear = growth / 2, first - growth / 2
         root = elapsed_s / linear if half == 0 else (-linear + math.sqrt(linear * linear + 4 * half * elapsed_s)) / (2 * half)
