@@ -521,6 +521,69 @@ def test_predictions_file_is_sent_with_the_requests_it_names(tmp_path, stub, cap
     assert code == 2 and f"--predictions {bad} line 1: needs an id and a positive predicted_output_len" in capsys.readouterr().err
 
 
+def test_predictions_file_quantiles_are_sent_with_the_point_where_a_row_has_them(tmp_path, stub, capsys):
+    """The simulator's per-row fields (quantile_levels, quantiles), read by its reader: a 0 is sent as 1 token,
+    since the plugin refuses quantiles that are not positive."""
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": key, "prompt": f"q{key}"} for key in "abc"])
+    predictions = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "a", "predicted_output_len": 5, "quantile_levels": [0.1, 0.5, 0.9], "quantiles": [0, 5, 9]},
+        {"id": "b", "predicted_output_len": 7}])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--predictions", predictions)
+    assert code == 0 and "quantiles at levels 0.1,0.5,0.9 with 1 of 3 requests" in capsys.readouterr().out
+    sent = {body["text"]: body["sampling_params"].get("custom_params") for _, body in stub.received}
+    assert sent == {"qa": {"outlets_predicted_output_len": 5.0, "outlets_predicted_quantiles": [1.0, 5.0, 9.0]},
+                    "qb": {"outlets_predicted_output_len": 7.0}, "qc": None}
+    assert summary["quantiles"] == {"levels": [0.1, 0.5, 0.9], "requests": 1}
+    _, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts", name="none")
+    assert summary["quantiles"] is None and "outlets_predicted_quantiles" not in json.dumps(stub.received[-1][1])
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"quantile_levels": [0.1, 0.5, 0.9], "quantiles": [9, 5, 1]},
+     "id 'b': quantiles must be 3 non-decreasing non-negative numbers (one per level), got (9, 5, 1); fix the row"),
+    ({"quantile_levels": [0.1, 0.5, 0.9], "quantiles": [1, 2]}, "id 'b': quantiles must be 3 non-decreasing"),
+    ({"quantile_levels": [0.1, 0.9], "quantiles": [1, 2]}, "id 'b': quantile_levels [0.1, 0.9] differ from an earlier row's"),
+    ({"quantiles": [1, 2, 3]}, "id 'b': quantiles without quantile_levels; give the levels"),
+    ({"quantile_levels": [0.5, 0.1, 0.9], "quantiles": [1, 2, 3]},
+     "id 'b': quantile_levels must be numbers strictly increasing inside (0, 1), got (0.5, 0.1, 0.9)"),
+    ({"quantile_levels": [0.1, 0.5, 0.9], "quantiles": [1, "x", 3]}, "id 'b': quantiles must be 3 non-decreasing"),
+    ({"quantile_levels": [0.1, 0.5, 0.9], "quantiles": list(range(2000))},
+     "id 'b': quantiles must be 3 non-decreasing non-negative numbers (one per level), got (0, 1, 2, 3"),
+])
+def test_a_malformed_quantile_row_is_refused_naming_the_file_and_the_row_cut_short(tmp_path, stub, capsys, row, message):
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "qa"}, {"id": "b", "prompt": "qb"}])
+    predictions = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "a", "predicted_output_len": 5, "quantile_levels": [0.1, 0.5, 0.9], "quantiles": [1, 5, 9]},
+        {"id": "b", "predicted_output_len": 7, **row}])
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                       "--predictions", predictions)
+    error = capsys.readouterr().err
+    assert code == 2 and f"--predictions {predictions}: {message}" in error and not stub.received
+    assert len(error) < 600  # a long row is quoted cut, never whole
+
+
+def test_quantiles_through_the_router_travel_as_the_label_string_the_plugin_parses(tmp_path, stub):
+    """sglang-router keeps only custom_labels (strings): the plugin moves the label back and reads the same values."""
+    from sglang_patches.client_predictions import move_labels_to_custom_params
+    from sglang_patches.settings import QUANTILES_PARAM_KEY, parse_quantiles
+
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "qa"}])
+    predictions = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "a", "predicted_output_len": 5, "quantile_levels": [0.1, 0.5, 0.9], "quantiles": [2, 5, 1e6 + 0.5]}])
+    code, _, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                       "--predictions", predictions, "--through-router")
+    [(_, body)] = stub.received
+    assert code == 0 and "custom_params" not in body["sampling_params"]
+    assert body["custom_labels"] == {"outlets_predicted_output_len": "5.0",
+                                     QUANTILES_PARAM_KEY: "2.0,5.0,1000000.5"}
+    request = SimpleNamespace(custom_labels=body["custom_labels"], sampling_params=body["sampling_params"])
+    move_labels_to_custom_params(request)  # what the plugin does on the worker
+    assert request.custom_labels is None
+    assert parse_quantiles(request.sampling_params["custom_params"][QUANTILES_PARAM_KEY], (0.1, 0.5, 0.9)) == (
+        2.0, 5.0, 1000000.5)
+
+
 def test_the_predictions_file_has_one_writer_and_one_reader_for_simulate_and_bench_serving(tmp_path):
     from specforge_outlets.errors import OutletsError
     from specforge_outlets.evaluation.predictions_file import (

@@ -65,12 +65,16 @@ def register(subparsers) -> None:
                         help="with --fixed-output-len or --end-at-output-len: send each request's exact length as its "
                              "prediction (custom_params.outlets_predicted_output_len), the oracle upper bound")
     parser.add_argument("--predictions", help="--dataset: JSONL of id, predicted_output_len (e.g. outlets eval's "
-                                              "predictions/outlets.jsonl) sent with each request it names")
+                                              "predictions/outlets.jsonl) sent with each request it names; a row "
+                                              "may add quantile_levels and quantiles (the total output length's, "
+                                              "as outlets simulate reads them), sent as "
+                                              "custom_params.outlets_predicted_quantiles: the server's "
+                                              "--outlets-quantile-levels must be the file's")
     parser.add_argument("--through-router", action="store_true",
-                        help="--base-url is an sglang-router: send each request's prediction and end-at-length settings "
-                             "in custom_labels, which the router passes on and the plugin on each worker moves into "
-                             "custom_params (the router drops custom_params on /generate); the workers need the "
-                             "plugin installed, whatever their policy")
+                        help="--base-url is an sglang-router: send each request's prediction, quantiles and "
+                             "end-at-length settings in custom_labels, which the router passes on and the plugin on "
+                             "each worker moves into custom_params (the router drops custom_params on /generate); "
+                             "the workers need the plugin installed, whatever their policy")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--short-threshold", type=int, default=800,
@@ -91,21 +95,23 @@ def run(args) -> int:
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
     from specforge_outlets.serving.metrics import parse_goodput
+    from specforge_outlets.simulation.predictors import read_file_quantiles
 
     _validate(args)
     slo = parse_goodput(args.goodput)  # before any request is sent: a bad target is refused at once
     urls = [url.rstrip("/") for url in args.base_url]
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer and not args.raw_prompts else None
+    # the simulator's reader and checks, so that a file sends the server the quantiles outlets simulate reads
+    file_quantiles = read_file_quantiles(args.predictions) if args.predictions else None
     if args.dataset:
         workload = load_dataset_workload(args.dataset, args.rate, args.max_new_tokens, tokenizer,
                                          args.num_requests, args.seed, fixed_output_len=args.fixed_output_len,
                                          oracle_prediction=args.oracle_prediction,
                                          predictions=predictions_by_id(args.predictions) if args.predictions else None,
-                                         end_token_id=args.end_at_output_len)
-        with_prediction = sum(request.prediction is not None for request in workload.requests)
-        if args.predictions and with_prediction < len(workload.requests):
-            print(f"warning: --predictions {args.predictions} names {with_prediction} of {len(workload.requests)} "
-                  f"requests; the others get the server's prior")
+                                         end_token_id=args.end_at_output_len,
+                                         quantiles=file_quantiles.static if file_quantiles else None)
+        if args.predictions:
+            _report_predictions(args.predictions, workload.requests, file_quantiles.levels)
     else:
         workload = load_trace_workload(args.trace, args.rate_scale, tokenizer, args.num_requests, args.seed)
     for url in urls:
@@ -142,6 +148,7 @@ def run(args) -> int:
         "seed": args.seed,
         "oracle_prediction": args.oracle_prediction,
         "predictions": args.predictions,
+        "quantiles": _quantiles_sent(workload.requests, file_quantiles),
         "through_router": args.through_router,
         "started_at": started_at,
         "duration_s": duration_s,
@@ -154,6 +161,25 @@ def run(args) -> int:
         print(f"WARNING: {len(failed)} of {len(records)} requests failed (first: {failed[0].id}: {failed[0].error}); "
               f"they count as infinite latency in the percentiles; see {os.path.join(args.output, 'requests.jsonl')}")
     return 1 if failed and len(failed) == len(records) else 0
+
+
+def _report_predictions(path: str, requests, levels) -> None:
+    """Say how many requests the --predictions file gives a prediction and quantiles: a file for other
+    requests would otherwise pass as a run with predictions."""
+    with_prediction = sum(request.prediction is not None for request in requests)
+    if with_prediction < len(requests):
+        print(f"warning: --predictions {path} names {with_prediction} of {len(requests)} requests; the others get "
+              "the server's prior")
+    with_quantiles = sum(request.quantiles is not None for request in requests)
+    if with_quantiles:
+        print(f"--predictions {path}: quantiles at levels {','.join(f'{level:g}' for level in levels)} with "
+              f"{with_quantiles} of {len(requests)} requests (the server's --outlets-quantile-levels must be these)")
+
+
+def _quantiles_sent(requests, file_quantiles) -> Optional[Dict]:
+    """summary.json's record of the quantiles sent: their levels and how many requests carried them; None: none."""
+    count = sum(request.quantiles is not None for request in requests)
+    return {"levels": list(file_quantiles.levels), "requests": count} if count else None
 
 
 def _validate(args) -> None:

@@ -34,6 +34,8 @@ from specforge_outlets.benchmarking.workload import BenchRequest
 PREDICTION_KEY = "predicted_output_len"
 # The plugin's per-request external prediction (sglang_patches/predictions.py ATTR_PREDICTION).
 PREDICTION_PARAM = "outlets_predicted_output_len"
+# The plugin's per-request quantiles of the total output length (sglang_patches/settings.py QUANTILES_PARAM_KEY).
+QUANTILES_PARAM = "outlets_predicted_quantiles"
 MAX_ERROR_CHARS = 300
 
 
@@ -72,10 +74,10 @@ class RequestRecord:
 def generate_payload(request: BenchRequest, sampling: SamplingSettings, through_router: bool = False) -> Dict[str, Any]:
     """The native ``/generate`` body of a request.
 
-    The request's own settings (its prediction, where it ends) go in ``sampling_params.custom_params``;
-    ``through_router``: in ``custom_labels`` as strings instead, the one field of ``/generate`` that
-    sglang-router 0.3.2 passes on (it drops ``custom_params``), which the plugin moves back into
-    ``custom_params`` on the worker (``sglang_patches/client_predictions.py``).
+    The request's own settings (its prediction and quantiles, where it ends) go in
+    ``sampling_params.custom_params``; ``through_router``: in ``custom_labels`` as strings instead, the
+    one field of ``/generate`` that sglang-router 0.3.2 passes on (it drops ``custom_params``), which the
+    plugin moves back into ``custom_params`` on the worker (``sglang_patches/client_predictions.py``).
     """
     params: Dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": sampling.temperature}
     if sampling.top_p < 1.0:
@@ -85,16 +87,24 @@ def generate_payload(request: BenchRequest, sampling: SamplingSettings, through_
     custom_params: Dict[str, Any] = {}
     if request.prediction is not None:
         custom_params[PREDICTION_PARAM] = request.prediction
+    if request.quantiles is not None:
+        custom_params[QUANTILES_PARAM] = list(request.quantiles)
     extra: Dict[str, Any] = {}
     if request.end_token_id is not None:
         custom_params.update(end_at_params(request.expected_output_len, request.end_token_id))
         extra["custom_logit_processor"] = serialized_processor()
     if custom_params and through_router:
-        extra["custom_labels"] = {key: str(value) for key, value in custom_params.items()}
+        extra["custom_labels"] = {key: _label(value) for key, value in custom_params.items()}
     elif custom_params:
         params["custom_params"] = custom_params
     prompt = {"text": request.text} if request.input_ids is None else {"input_ids": list(request.input_ids)}
     return {**prompt, "sampling_params": params, **extra, "stream": True}
+
+
+def _label(value) -> str:
+    """A ``custom_labels`` value: the router's map holds strings, so a list travels as "q1,q2,...", the
+    form the plugin parses quantiles from."""
+    return ",".join(str(item) for item in value) if isinstance(value, list) else str(value)
 
 
 async def send_request(

@@ -49,6 +49,7 @@ class BenchRequest:
     input_ids: Optional[Tuple[int, ...]] = None
     ignore_eos: bool = False
     prediction: Optional[float] = None  # sent to the plugin as an external prediction (--oracle-prediction)
+    quantiles: Optional[Tuple[float, ...]] = None  # the total length's quantiles sent with it (--predictions)
     end_token_id: Optional[int] = None  # --end-at-output-len: the server ends it after expected_output_len tokens
 
     @property
@@ -100,6 +101,7 @@ def load_dataset_workload(
     oracle_prediction: bool = False,
     predictions: Optional[Dict[str, float]] = None,
     end_token_id: Optional[int] = None,
+    quantiles: Optional[Dict[str, Tuple[float, ...]]] = None,
 ) -> Workload:
     """Prompts from a JSONL dataset at a Poisson rate; bad rows are named, skipped and counted.
 
@@ -111,7 +113,8 @@ def load_dataset_workload(
     rows longer than the cap are refused. ``oracle_prediction`` (with either): the exact length goes to
     the server as the request's prediction, the upper bound any predictor can reach. ``predictions`` (id -> predicted output length, e.g. from
     ``outlets eval``'s ``predictions/<name>.jsonl``): sent with the requests they name, as a router or
-    a prefill instance would send them before the request is admitted.
+    a prefill instance would send them before the request is admitted; ``quantiles`` (id -> the total
+    output length's quantiles, at the server's quantile levels) with them, the same way.
     """
     if not os.path.isfile(path):
         raise OutletsError(f"dataset {path}: no such file")
@@ -160,7 +163,7 @@ def load_dataset_workload(
         budget = expected if fixed_output_len else max_new_tokens
         requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len,
                                      prediction=float(expected) if oracle_prediction else (predictions or {}).get(request_id),
-                                     end_token_id=end_token_id, **content))
+                                     quantiles=(quantiles or {}).get(request_id), end_token_id=end_token_id, **content))
     output_len = ("dataset output_length (ignore_eos)" if fixed_output_len
                   else f"dataset output_length, ended by the server at token {end_token_id} under max_new_tokens"
                   if end_token_id is not None else "until end of turn or max_new_tokens")

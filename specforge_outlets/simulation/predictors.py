@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, read_predictions
+from specforge_outlets.evaluation.predictions_file import TRUE_LENGTH_FIELDS, quoted_row, read_predictions
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import LengthDistribution
 from specforge_outlets.serving.trace import Trace
@@ -212,10 +212,15 @@ def _read_file_quantiles(path: str, file_predictor: Optional[str], _stamp: Optio
 
 
 def _checked_levels(levels, where: str) -> Tuple[float, ...]:
+    """The row's levels by the core's rule (:class:`LengthDistribution`'s); a refusal quotes them cut short."""
+    if levels is None:
+        raise OutletsError(f"{where}: quantiles without quantile_levels; give the levels they are at "
+                           "(e.g. [0.1, 0.5, 0.9]) or drop the quantiles")
     try:
         return LengthDistribution(tuple(levels), tuple(range(1, len(levels) + 1))).levels
-    except (TypeError, ValueError) as error:
-        raise OutletsError(f"{where}: quantile_levels {levels!r}: {error}") from None
+    except (TypeError, ValueError):
+        raise OutletsError(f"{where}: quantile_levels must be numbers strictly increasing inside (0, 1), got "
+                           f"{quoted_row(levels)}; fix the row or drop its quantiles") from None
 
 
 def _checked_quantiles(values, count: int, where: str, floor: float) -> Quantiles:
@@ -223,7 +228,8 @@ def _checked_quantiles(values, count: int, where: str, floor: float) -> Quantile
     ok = isinstance(values, (list, tuple)) and len(values) == count and all(
         not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)
     if not ok or any(b < a for a, b in zip(values, values[1:])):
-        raise OutletsError(f"{where} must be {count} non-decreasing non-negative numbers (one per level), got {values!r}")
+        raise OutletsError(f"{where} must be {count} non-decreasing non-negative numbers (one per level), got "
+                           f"{quoted_row(values)}; fix the row or drop its quantiles")
     return tuple(max(float(v), floor) for v in values)
 
 
