@@ -1,4 +1,4 @@
-"""Real SGLang servers whose KV cache binds: admission and retraction under learned predictions (issue 13).
+"""Real SGLang servers whose KV cache binds: admission and retraction under learned predictions (issues 13, 27).
 
 The simulated study (``serving_study_sharegpt.py``) found that where the KV cache binds, admission by
 predicted length is where predictions pay. This checks it on real SGLang 0.5.23 servers on this CPU,
@@ -15,24 +15,36 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   and the scheduler's admission, retraction and order decide the latencies, as on a GPU whose
   decode step costs about the same at any batch size. The work (prompt and output tokens) is
   the real workload's.
+- **Cores**: the server's scheduler runs one thread on a core of its own (``pin_server``), the client
+  and the server's other processes on the other; a run's pace, its decode steps' time against a fit
+  to every fcfs run (``simulator_vs_server.py``), shows whether the machine slowed it.
 - **KV cache**: ``--max-total-tokens`` tokens (default 8,192; the requests' prompts and outputs
   need about three times that in all). SGLang's admission reserves ``new_token_ratio`` (0.7,
   decaying) of each running request's remaining ``max_new_tokens``, so with the 2,048 cap only a
   few run at once; the plugin's admission by prediction reserves the predicted remaining length
   instead, and SGLang retracts when the cache overflows.
-- **Servers**: ``fcfs``, ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
+- **Servers**: ``fcfs`` (twice: the second, an A/A control, measures the spread between sessions of
+  one policy), ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
   ``tail-safe`` (the default) and ``sjf``, each with SGLang's own KV charge (``--outlets-kv-margin off``)
-  and with KV admission by prediction (``--outlets-kv-margin 0.2``, the plugin's default). Every outlets
-  server names its admission on its command line, so a change of the plugin's default cannot
-  relabel a row.
+  and with KV admission by prediction (``--outlets-kv-margin 0.2``, the plugin's default). Issue 27's
+  two read each request's predicted quantiles (``--outlets-quantile-levels``, the distribution
+  record's): ``sjf`` ordered by the Gittins rank (``--outlets-order-key gittins``) with KV admission
+  by prediction, and ``tail-safe`` with KV admission charging the remaining length's median
+  (``--outlets-kv-quantile 0.5``). Every outlets server names its admission on its command line, so a
+  change of the plugin's default cannot relabel a row.
 - **Predictions** sent with each request (``custom_params``, what a router or prefill instance
   would send): none (the prior), the best static baseline (``bert``), OUTLETS r̂₀ (both from
-  ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz``), and the exact length (oracle).
+  ``benchmarks/data/sharegpt-smollm2/eval/predictions.jsonl.gz``), the exact length (oracle), and
+  for the quantile servers only, ``outlets quantiles``: the detached quantile draft's r̂₀ and
+  total-length quantiles (the conformal correction's where the record has it) from
+  ``eval/distribution/detached-predictions.jsonl.gz``
+  (a drawn request it lacks gets the committed OUTLETS r̂₀ alone).
   Predictor-only mode (the draft predicting inside the server) needs SmolLM2's features, so it
   runs only with ``--model-path`` SmolLM2 and ``--draft``.
 
-Every (server, predictor) runs ``--repetitions`` times, predictors interleaved on one server, and
-the report gives the median and the range. Retractions are counted from the server's own log lines.
+Every (server, predictor) runs ``--repetitions`` times: each repetition starts a fresh session of
+every server, in an order rotated by one each time, and runs its predictors one after another; the
+report gives the median and the range. Retractions are counted from the server's own log lines.
 Stages, each resumable (a finished run is kept and skipped):
 
     .venv/bin/python benchmarks/kv_bound_server_study.py run       # runs/kv-bound-server/
@@ -55,10 +67,11 @@ from typing import Dict, List, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from committed_data import SHAREGPT_PROMPTS, read_eval_record, shared  # noqa: E402  (benchmarks/)
+from committed_data import LABEL_SET, SHAREGPT_PROMPTS, read_eval_record, shared  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.data.jsonl import write_jsonl  # noqa: E402
 from specforge_outlets.serving.summary import read_summary  # noqa: E402
+from specforge_outlets.simulation.predictors import read_file_quantiles  # noqa: E402
 
 SERVE_PYTHON = os.path.join(REPO, ".venv-serve", "bin", "python")
 RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-server")
@@ -71,32 +84,61 @@ KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
 SGLANG_KV_CHARGE = ["--outlets-kv-margin", "off"]  # named, not left to the plugin's default
 KV_BY_PREDICTION = ["--outlets-kv-margin", KV_MARGIN]
+# issue 27's committed distribution record (benchmarks/length_distribution.py): the detached quantile draft's
+# point and total-length quantiles per test request, raw and conformally corrected
+DISTRIBUTION_RECORD = os.path.join(LABEL_SET, "eval", "distribution", "detached-predictions.jsonl.gz")
+QUANTILE_PREDICTORS = ("outlets+conformal", "outlets")  # the record's names; the first it has quantiles of is sent
+QUANTILE_LEVELS = "0.1,0.25,0.5,0.75,0.9"  # the record's levels: checked when its predictions file is written
+READS_QUANTILES = ["--outlets-quantile-levels", QUANTILE_LEVELS]
 # server name -> its flags; stock servers ignore predictions, so they run with none only
 SERVERS: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],
+    # the A/A control: fcfs again in its own server sessions, so the spread between two sessions of one
+    # policy is measured beside every gap between policies (lof's lead over fcfs among them)
+    "fcfs (A/A control)": ["--schedule-policy", "fcfs"],
     "lof": ["--schedule-policy", "lof"],
     "outlets tail-safe": OUTLETS + SGLANG_KV_CHARGE,
     "outlets sjf": OUTLETS + ["--outlets-order", "sjf"] + SGLANG_KV_CHARGE,
     "outlets tail-safe + KV by prediction": OUTLETS + KV_BY_PREDICTION,
     "outlets sjf + KV by prediction": OUTLETS + ["--outlets-order", "sjf"] + KV_BY_PREDICTION,
+    # issue 27: servers that read each request's predicted quantiles. The Gittins rank orders the sjf queue
+    # (the plugin takes --outlets-order-key with sjf only); admission stays by the point's margin.
+    "outlets gittins + KV by prediction": (OUTLETS + ["--outlets-order", "sjf", "--outlets-order-key", "gittins"]
+                                           + KV_BY_PREDICTION + READS_QUANTILES),
+    # admission charges the remaining length's median instead of the margin; the margin flag still names
+    # admission by prediction on (left out it is the plugin's default; off refuses a quantile)
+    "outlets tail-safe + KV at q0.5": OUTLETS + KV_BY_PREDICTION + ["--outlets-kv-quantile", "0.5"] + READS_QUANTILES,
 }
 # flags every server gets: a small KV cache, no prefix reuse, the client's end-at-length processor
 SERVER_ARGS = ["--max-running-requests", "64", "--disable-radix-cache", "--enable-custom-logit-processor",
                "--skip-server-warmup", "--sleep-on-idle"]
 PREDICTORS = ("none", "bert", "outlets", "oracle")
+# The server's scheduler (its forward) runs one thread on this core alone, the client and the server's
+# other processes on the others: with torch's default, one thread on every core, a parallel region
+# stalls whenever any other process takes a core (a run beside a test suite at nice 19 took 1.9x as
+# long per decode step as the same policy alone), and the client is such a process. SGLang's own
+# binding (SGLANG_CPU_OMP_THREADS_BIND) acts only on CPUs with AMX or on arm64, not on this one.
+SERVER_CORE = (os.cpu_count() or 1) - 1
+QUANTILES = "outlets quantiles"  # the distribution record's point and quantiles (write_quantile_predictions)
 
 
 def predictors_of(server_name: str) -> tuple:
-    """The predictors each server runs with: the controlled study (every predictor) on ``outlets sjf``.
+    """The predictors each server runs with: every predictor on the default and on ``outlets sjf``.
 
-    Stock servers ignore predictions; the tail-safe order runs without one, with OUTLETS' and with
-    the oracle's, and KV admission by prediction with OUTLETS' and the oracle's (this CPU's time).
+    Stock servers ignore predictions; the tail-safe order alone and SJF with KV admission run without
+    one, with OUTLETS' and with the oracle's (this CPU's time). The servers that read quantiles run with
+    OUTLETS' quantiles only: a point alone is a point mass, whose Gittins rank is the point (SJF's order)
+    and whose median is the point (the margin's charge without the margin).
     """
     if not server_name.startswith("outlets"):
         return ("none",)
-    if "KV" in server_name:
-        return ("outlets", "oracle")
-    return PREDICTORS if server_name == "outlets sjf" else ("none", "outlets", "oracle")
+    if READS_QUANTILES[0] in SERVERS[server_name]:
+        return (QUANTILES,)
+    if server_name in ("outlets sjf", "outlets tail-safe + KV by prediction"):
+        return PREDICTORS
+    return ("none", "outlets", "oracle")
+
+
 RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 
 
@@ -107,11 +149,28 @@ def slug(name: str) -> str:
 # -- the workload -----------------------------------------------------------------------------------
 
 
+def predictions_path(directory: str, predictor: str) -> str:
+    return os.path.join(directory, f"predictions-{slug(predictor)}.jsonl")
+
+
 def write_workload(directory: str, count: int, seed: int) -> str:
-    """dataset.jsonl (id, prompt, output_length) and one predictions file per predictor; returns the dataset."""
+    """dataset.jsonl (id, prompt, output_length) and one predictions file per predictor; returns the dataset.
+
+    The quantiles' file is written whenever it is missing, so a study directory drawn before it existed
+    gains it for the requests it already drew (the dataset is never redrawn).
+    """
     dataset = os.path.join(directory, "dataset.jsonl")
-    if os.path.exists(dataset):
-        return dataset
+    if not os.path.exists(dataset):
+        write_dataset(dataset, count, seed)
+    quantiles = predictions_path(directory, QUANTILES)
+    if not os.path.exists(quantiles):
+        with open(dataset, encoding="utf-8") as handle:
+            write_quantile_predictions(quantiles, [json.loads(line)["id"] for line in handle])
+    return dataset
+
+
+def write_dataset(dataset: str, count: int, seed: int) -> None:
+    """The drawn requests and the committed evaluation's point predictions of them, the dataset last (done)."""
     prompts_path = shared(SHAREGPT_PROMPTS, "this study (it sends the real ShareGPT prompts)")
     rows = read_eval_record()
     drawn = random.Random(seed).sample(rows, count)
@@ -126,11 +185,37 @@ def write_workload(directory: str, count: int, seed: int) -> str:
     if missing:
         raise SystemExit(f"{prompts_path} lacks {len(missing)} test request(s), first {missing[0]}: not the label set's prompts")
     for predictor in ("bert", "outlets"):
-        write_jsonl(os.path.join(directory, f"predictions-{predictor}.jsonl"),
+        write_jsonl(predictions_path(os.path.dirname(dataset), predictor),
                     [{"id": row["id"], "predicted_output_len": row["static"][predictor]} for row in drawn])
     write_jsonl(dataset, [{"id": row["id"], "prompt": prompts[row["id"]], "output_length": int(row["true_output_len"])}
                           for row in drawn])
-    return dataset
+
+
+def write_quantile_predictions(path: str, ids: List[str]) -> None:
+    """Each drawn request's point and total-length quantiles from the distribution record, in the rows
+    ``outlets bench-serving`` and ``outlets simulate`` read (``quantile_levels``, ``quantiles``).
+
+    Point and quantiles are one draft's: the record's static r̂₀ beside its quantiles (the conformal
+    correction moves quantiles only). A drawn request without quantiles there is sent the committed
+    evaluation's OUTLETS point alone, as ``predictions-outlets.jsonl`` sends it.
+    """
+    record = read_eval_record(DISTRIBUTION_RECORD)
+    name = next((name for name in QUANTILE_PREDICTORS if name in (record[0].get("quantiles") or {})), None)
+    if name is None:
+        raise SystemExit(f"{DISTRIBUTION_RECORD} has no quantiles of {' or '.join(QUANTILE_PREDICTORS)}")
+    found = read_file_quantiles(DISTRIBUTION_RECORD, name)
+    if found.levels != tuple(float(level) for level in QUANTILE_LEVELS.split(",")):
+        raise SystemExit(f"{DISTRIBUTION_RECORD}: quantile levels {list(found.levels)} are not the servers' "
+                         f"--outlets-quantile-levels {QUANTILE_LEVELS}; set QUANTILE_LEVELS to the record's")
+    points = {row["id"]: row["static"][name] for row in record}
+    committed = {row["id"]: row["static"]["outlets"] for row in read_eval_record()}
+    rows = [{"id": request_id, "predicted_output_len": points[request_id], "quantile_levels": list(found.levels),
+             "quantiles": list(found.static[request_id])} if request_id in found.static
+            else {"id": request_id, "predicted_output_len": committed[request_id]} for request_id in ids]
+    write_jsonl(path, rows)
+    without = sum("quantiles" not in row for row in rows)
+    print(f"wrote {path}: {len(ids) - without} of {len(ids)} requests with {name}'s quantiles from "
+          f"{DISTRIBUTION_RECORD}; {without} not in it with the committed OUTLETS point only", flush=True)
 
 
 def make_target(directory: str) -> str:
@@ -159,51 +244,84 @@ def make_target(directory: str) -> str:
 
 
 def run(args) -> None:
-    from specforge_outlets.cli import main as outlets
-    from specforge_outlets.serving.sglang_server import SGLangServer
-
     os.makedirs(args.runs_dir, exist_ok=True)
     dataset = write_workload(args.runs_dir, args.requests, args.seed)
     model = args.model_path or make_target(os.path.join(args.runs_dir, "target"))
     common = ["--max-total-tokens", str(args.max_total_tokens), *SERVER_ARGS]
     if args.draft:
         common += ["--outlets-draft-path", os.path.abspath(args.draft)]
-    for server_name in args.servers:
-        predictors = predictors_of(server_name)
-        pending = [(repetition, predictor) for repetition in range(args.repetitions) for predictor in predictors
-                   if not os.path.exists(os.path.join(run_dir(args, server_name, predictor, repetition), "summary.json"))]
-        if not pending:
-            print(f"{server_name}: done")
-            continue
-        log_path = os.path.join(args.runs_dir, f"{slug(server_name)}.server.log")
-        with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON,
-                          env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}, cwd=REPO) as server:
-            print(f"{server_name}: server up in {server.start_seconds:.0f} s", flush=True)
-            for repetition, predictor in pending:
-                out = run_dir(args, server_name, predictor, repetition)
-                log_start = os.path.getsize(log_path)
-                sent = {"none": [], "oracle": ["--oracle-prediction"]}.get(
-                    predictor, ["--predictions", os.path.join(args.runs_dir, f"predictions-{predictor}.jsonl")])
-                started = time.monotonic()
-                code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", "inf",
-                                "--tokenizer", model, "--end-at-output-len", str(END_TOKEN_ID),
-                                "--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0",
-                                "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "1800",
-                                "--label", f"{server_name} | {predictor}", "--output", out + ".partial"] + sent)
-                if code != 0:
-                    raise SystemExit(f"{server_name} | {predictor} #{repetition}: bench-serving exited {code}; "
-                                     f"see {out}.partial and {log_path}")
-                with open(log_path, encoding="utf-8", errors="replace") as handle:
-                    handle.seek(log_start)
-                    retracted = sum(int(count) for count in RETRACTED.findall(handle.read()))
-                write_text_atomic(os.path.join(out + ".partial", "retractions.json"), json.dumps({"retracted": retracted}))
-                os.replace(out + ".partial", out)  # a run counts as done only when all of it is there
-                print(f"{server_name} | {predictor} #{repetition}: {time.monotonic() - started:.0f} s, "
-                      f"{retracted} retracted", flush=True)
+    for repetition in range(args.repetitions):
+        # every repetition starts a fresh server session per policy, in an order rotated by one each
+        # time, so that no policy always runs first or in the same stretch of this machine's time
+        shift = repetition % len(args.servers)
+        for server_name in args.servers[shift:] + args.servers[:shift]:
+            pending = [predictor for predictor in predictors_of(server_name)
+                       if not os.path.exists(os.path.join(run_dir(args, server_name, predictor, repetition), "summary.json"))]
+            if pending:
+                run_session(args, server_name, repetition, pending, dataset, model, common)
+
+
+def run_session(args, server_name: str, repetition: int, predictors, dataset: str, model: str, common) -> None:
+    """One server session of ``server_name``: its ``predictors`` of one repetition, one after another."""
+    from specforge_outlets.serving.sglang_server import SGLangServer
+
+    log_path = os.path.join(args.runs_dir, "logs", f"{slug(server_name)}.rep{repetition}.server.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON,
+                      env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+                      cwd=REPO) as server:
+        print(f"{server_name} #{repetition}: server up in {server.start_seconds:.0f} s", flush=True)
+        pin_server(server.process.pid)
+        run_predictors(args, server, server_name, repetition, predictors, dataset, model, log_path)
+
+
+def pin_server(pid: int) -> None:
+    """The server's scheduler, every thread of it, on SERVER_CORE; its other processes and this one
+    (it sends the requests) on the other cores."""
+    import psutil
+
+    others = set(range(os.cpu_count() or 1)) - {SERVER_CORE} or {SERVER_CORE}
+    os.sched_setaffinity(0, others)
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        cores = {SERVER_CORE} if process.name().startswith("sglang::sched") else others
+        for thread in process.threads():
+            os.sched_setaffinity(thread.id, cores)
+
+
+def run_predictors(args, server, server_name: str, repetition: int, predictors, dataset: str, model: str,
+                   log_path: str) -> None:
+    """The runs of one server session, one predictor after another."""
+    from specforge_outlets.cli import main as outlets
+
+    for predictor in predictors:
+        out = run_dir(args, server_name, predictor, repetition)
+        log_start = os.path.getsize(log_path)
+        sent = {"none": [], "oracle": ["--oracle-prediction"]}.get(
+            predictor, ["--predictions", predictions_path(args.runs_dir, predictor)])
+        started = time.monotonic()
+        code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", "inf",
+                        "--tokenizer", model, "--end-at-output-len", str(END_TOKEN_ID),
+                        "--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0",
+                        "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "3600",
+                        "--label", f"{server_name} | {predictor}", "--output", out + ".partial"] + sent)
+        if code != 0:
+            raise SystemExit(f"{server_name} | {predictor} #{repetition}: bench-serving exited {code}; "
+                             f"see {out}.partial and {log_path}")
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            handle.seek(log_start)
+            server_log = handle.read()
+        retracted = sum(int(count) for count in RETRACTED.findall(server_log))
+        write_text_atomic(os.path.join(out + ".partial", "retractions.json"), json.dumps({"retracted": retracted}))
+        # the server's own lines of this run: the step model of the simulator check is fitted to them
+        write_text_atomic(os.path.join(out + ".partial", "server.log"), server_log)
+        os.replace(out + ".partial", out)  # a run counts as done only when all of it is there
+        print(f"{server_name} | {predictor} #{repetition}: {time.monotonic() - started:.0f} s, "
+              f"{retracted} retracted", flush=True)
 
 
 def run_dir(args, server_name: str, predictor: str, repetition: int) -> str:
-    return os.path.join(args.runs_dir, slug(server_name), predictor, f"rep{repetition}")
+    return os.path.join(args.runs_dir, slug(server_name), slug(predictor), f"rep{repetition}")
 
 
 # -- 2. report --------------------------------------------------------------------------------------
@@ -216,6 +334,7 @@ METRICS = (  # (column, path in summary.json's metrics)
     ("all mean s", ("all", "e2e_mean_s")),
     ("TTFT P99 s", ("all", "ttft_p99_s")),
     ("TPOT P99 s", ("all", "tpot_p99_s")),
+    ("ITL P99 s", ("all", "itl_p99_s")),
 )
 
 
@@ -247,9 +366,9 @@ def report(args) -> None:
     result = {"command": "python benchmarks/kv_bound_server_study.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "seed": args.seed, "max_total_tokens": args.max_total_tokens,
               "model": args.model_path or "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
-    os.makedirs(RESULTS, exist_ok=True)
-    write_text_atomic(os.path.join(RESULTS, "result.json"), json.dumps(result, indent=1))
-    write_text_atomic(os.path.join(RESULTS, "report.md"), render(result))
+    os.makedirs(args.results, exist_ok=True)
+    write_text_atomic(os.path.join(args.results, "result.json"), json.dumps(result, indent=1))
+    write_text_atomic(os.path.join(args.results, "report.md"), render(result))
     print(render(result))
 
 
@@ -296,7 +415,7 @@ def plot(args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(os.path.join(RESULTS, "result.json")) as handle:
+    with open(os.path.join(args.results, "result.json")) as handle:
         result = json.load(handle)
     rows = result["rows"]
     labels = [f"{row['server']}\n{row['predictor']}" for row in rows]
@@ -329,6 +448,7 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--model-path", help="target directory (default: the random Llama with SmolLM2's tokenizer)")
     parser.add_argument("--draft", help="an `outlets export` for --model-path: predictor-only mode in every outlets server")
+    parser.add_argument("--results", default=RESULTS, help="where the report stage writes report.md and result.json")
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
     {"run": run, "report": report, "plot": plot}[args.stage](args)

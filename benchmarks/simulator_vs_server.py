@@ -1,0 +1,219 @@
+"""The simulator checked against the real KV-bound SGLang servers, on their own set-up (issue 26).
+
+``kv_bound_server_study.py`` measures fcfs, lof and the plugin's default on a real SGLang 0.5.23
+server on this CPU. This runs the simulator on the same set-up, so the two can be read side by side:
+
+- **Step model** fitted to those servers (``outlets fit-step-time``'s fit, on the ``Decode batch`` and
+  ``Prefill batch`` lines each run kept): on the fcfs runs only (both fcfs servers, every repetition),
+  then scored on every other server's logs, which it never saw.
+- **Cluster**: one colocated instance with the server's cache (``--max-total-tokens``),
+  ``max_running_requests`` and ``chunked_prefill_size``; ``max_new_tokens`` the study's cap.
+- **Requests**: the study's own (``dataset.jsonl``), all arriving at 0, each with the prompt length
+  the server counted (a run's ``requests.jsonl``) and the output length it generated.
+- **Runs**: fcfs and lof under SGLang's admission (``kv_admission: sglang``); the default (tail-safe)
+  without predictions under SGLang's admission too, as the plugin keeps SGLang's charge for a request
+  without one; with bert, OUTLETS r̂₀ and the oracle under KV by prediction (``predicted``, margin 0.2).
+
+The report gives both as ratios to fcfs, the retraction counts, and the absolute fcfs numbers;
+absolute times are not expected to agree (the step model is a fit), the ratios and their order are.
+
+    .venv/bin/python benchmarks/simulator_vs_server.py   # after the study's run and report stages; seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import statistics
+import sys
+from typing import Dict, List
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, REPO)
+
+import kv_bound_server_study as study  # noqa: E402  (benchmarks/)
+from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl  # noqa: E402
+from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
+from specforge_outlets.serving.trace import Trace  # noqa: E402
+from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
+from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
+from specforge_outlets.simulation.step_fit import fit_step_time, parse_intervals  # noqa: E402
+from specforge_outlets.simulation.study import summarize  # noqa: E402
+
+RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-300")
+RESULTS = os.path.join(REPO, "benchmarks", "data", "kv-bound-server-300")
+DEFAULT = "outlets tail-safe + KV by prediction"
+FITTED_ON = ("fcfs", "fcfs (A/A control)")  # the servers whose logs the step model is fitted to
+# (server, predictor) of the study -> (queue, kv_admission) of its simulated run
+RUNS = {
+    ("fcfs", "none"): ("fcfs", "sglang"),
+    ("lof", "none"): ("lof", "sglang"),
+    (DEFAULT, "none"): ("tail-safe", "sglang"),
+    (DEFAULT, "bert"): ("tail-safe", "predicted"),
+    (DEFAULT, "outlets"): ("tail-safe", "predicted"),
+    (DEFAULT, "oracle"): ("tail-safe", "predicted"),
+}
+COLUMNS = (("short P99 s", "short", "e2e_p99_s"), ("long P99 s", "long", "e2e_p99_s"),
+           ("throughput tok/s", "all", "throughput_tok_s"))
+
+
+def read_jsonl(path: str) -> List[dict]:
+    rows = [row for _, row in iter_jsonl(path)]
+    bad = next((row for row in rows if isinstance(row, BadLine)), None)
+    if bad is not None:
+        raise SystemExit(str(bad))
+    return rows
+
+
+def server_logs(args, servers) -> List[str]:
+    return sorted(path for server in servers
+                  for path in glob.glob(os.path.join(args.runs_dir, study.slug(server), "*", "rep*", "server.log")))
+
+
+def intervals_of(paths: List[str]) -> list:
+    intervals = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            intervals += parse_intervals(handle)
+    return intervals
+
+
+def workload(args) -> Trace:
+    """The study's requests in its order, with the prompt lengths a finished run's server counted."""
+    dataset = list(read_jsonl(os.path.join(args.runs_dir, "dataset.jsonl")))
+    records = glob.glob(os.path.join(args.runs_dir, "fcfs", "none", "rep*", "requests.jsonl"))
+    if not records:
+        raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run kv_bound_server_study.py run first")
+    prompt_lens = {row["id"]: row["prompt_len"] for row in read_jsonl(records[0])}
+    ids = [row["id"] for row in dataset]
+    return Trace("kv-bound-server", ids, np.zeros(len(ids)), np.array([prompt_lens[i] for i in ids]),
+                 np.array([row["output_length"] for row in dataset]))
+
+
+def predictions_of(args, predictor: str, trace: Trace) -> list:
+    if predictor == "none":
+        return [None] * len(trace)
+    if predictor == "oracle":
+        return trace.output_lens.astype(float).tolist()
+    by_id = {row["id"]: row["predicted_output_len"]
+             for row in read_jsonl(os.path.join(args.runs_dir, f"predictions-{predictor}.jsonl"))}
+    return [float(by_id[i]) for i in trace.ids]
+
+
+def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, dict]:
+    base = {"mode": "colocated", "instances": 1, "kv_capacity_tokens": args.max_total_tokens,
+            "max_running_requests": args.max_running_requests, "chunked_prefill_size": args.chunked_prefill_size,
+            "max_new_tokens": study.MAX_NEW_TOKENS, "predict_at": "arrival", "fitted_step_time": coefficients}
+    results = {}
+    for (server, predictor), (queue, admission) in RUNS.items():
+        cluster = cluster_config_from_dict({**base, "kv_admission": admission}, "simulator check")
+        policy = Policy(routing_policy("round-robin"), queue_policy(queue))
+        result = Simulation(trace, predictions_of(args, predictor, trace), cluster, policy, SchedulingConfig()).run()
+        metrics = summarize(result, study.SHORT_THRESHOLD)
+        results[(server, predictor)] = {
+            **{column: metrics[group][key] for column, group, key in COLUMNS},
+            "retracted": int(result.retractions.sum())}
+    return results
+
+
+def real_medians(args) -> Dict[tuple, dict]:
+    """The study's medians by (server, predictor); none before its report stage has run."""
+    path = os.path.join(args.results, "result.json")
+    if not os.path.exists(path):
+        print(f"{path} not written yet (the study's report stage): simulated side only")
+        return {}
+    with open(path) as handle:
+        rows = json.load(handle)["rows"]
+    real = {}
+    for row in rows:
+        real[(row["server"], row["predictor"])] = {
+            **{column: study.summary_of(row, column)[0] for column, _, _ in COLUMNS},
+            "retracted": statistics.median(run["retracted"] for run in row["runs"]), "runs": len(row["runs"])}
+    return real
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs-dir", default=RUNS_DIR)
+    parser.add_argument("--results", default=RESULTS, help="the study's report directory (result.json); written to")
+    parser.add_argument("--max-total-tokens", type=int, default=16384, help="the study's --max-total-tokens")
+    parser.add_argument("--max-running-requests", type=int, default=64, help="the study's servers'")
+    parser.add_argument("--chunked-prefill-size", type=int, default=4096, help="the servers' (SGLang's CPU default)")
+    args = parser.parse_args()
+
+    fit = fit_step_time(intervals_of(server_logs(args, FITTED_ON)))
+    held_out = {}
+    for server in study.SERVERS:
+        if server in FITTED_ON:
+            continue
+        intervals = intervals_of(server_logs(args, [server]))
+        if intervals:
+            seconds = np.array([interval.seconds for interval in intervals])
+            errors = np.abs(fit.predict(intervals) - seconds) / seconds
+            held_out[server] = {"intervals": len(intervals), "median_abs_error": float(np.median(errors)),
+                                "total_time_ratio": float(fit.predict(intervals).sum() / seconds.sum())}
+    # each run's pace: the seconds its decode intervals took over what the fit gives them. Runs of one
+    # policy that differ in pace differ in the machine's speed, not in what the scheduler decided
+    pace = {}
+    for path in server_logs(args, study.SERVERS):
+        intervals = intervals_of([path])
+        if intervals:
+            pace[os.path.relpath(os.path.dirname(path), args.runs_dir)] = float(
+                sum(interval.seconds for interval in intervals) / fit.predict(intervals).sum())
+    trace = workload(args)
+    simulated, real = simulate(args, fit.coefficients, trace), real_medians(args)
+    rows = [{"server": server, "predictor": predictor, "simulated": simulated[(server, predictor)],
+             "real": real.get((server, predictor))} for server, predictor in RUNS]
+    result = {"command": "python benchmarks/simulator_vs_server.py " + " ".join(sys.argv[1:]),
+              "requests": len(trace), "fit": dataclasses.asdict(fit), "held_out": held_out, "pace": pace, "rows": rows}
+    os.makedirs(args.results, exist_ok=True)
+    write_text_atomic(os.path.join(args.results, "simulator-check.json"), json.dumps(result, indent=1))
+    write_text_atomic(os.path.join(args.results, "simulator-check.md"), render(result))
+    print(render(result))
+
+
+def ratio(row: dict, side: str, column: str, fcfs: dict) -> str:
+    value, base = (row[side] or {}).get(column), (fcfs[side] or {}).get(column)
+    return f"{value / base:.2f}" if value is not None and base else "n/a"
+
+
+def render(result: dict) -> str:
+    fit, fcfs = result["fit"], result["rows"][0]
+    coefficients = ", ".join(f"{key} {value:.3g}" for key, value in fit["coefficients"].items())
+    lines = [f"# The simulator against the real KV-bound servers ({result['requests']} requests)", "",
+             f"`{result['command']}`", "",
+             f"Step model fitted to the fcfs servers' logs: {coefficients}; {fit['intervals']} intervals "
+             f"({fit['dropped']} dropped as idle), R^2 {fit['r_squared']:.3f}, median error "
+             f"{fit['median_abs_error']:.1%} per 40-step interval. On the other servers' logs (never fitted):", ""]
+    for server, score in result["held_out"].items():
+        lines.append(f"- {server}: median error {score['median_abs_error']:.1%} over {score['intervals']} intervals, "
+                     f"total time x{score['total_time_ratio']:.2f}")
+    lines += ["", "Each run's pace (its decode intervals' seconds over the fit's; 1.10 = 10% slower steps than "
+              "the fit gives the same batch and cache):", ""]
+    lines += [f"- {run}: {value:.2f}" for run, value in sorted(result["pace"].items())]
+    lines += ["", "Ratios to fcfs (real: median over the runs; simulated: one deterministic run). Retractions per run.",
+              "", "| server | predictions | " + " | ".join(f"{c} real | {c} sim" for c, _, _ in COLUMNS)
+              + " | retracted real | retracted sim |", "|---|---|" + "---:|" * (2 * len(COLUMNS) + 2)]
+    for row in result["rows"]:
+        cells = []
+        for column, _, _ in COLUMNS:
+            cells += [ratio(row, "real", column, fcfs), ratio(row, "simulated", column, fcfs)]
+        real_retracted = "n/a" if row["real"] is None else f"{row['real']['retracted']:g}"
+        lines.append(f"| {row['server']} | {row['predictor']} | " + " | ".join(cells)
+                     + f" | {real_retracted} | {row['simulated']['retracted']} |")
+    lines += ["", "fcfs in absolute terms: " + ", ".join(
+        f"{column} real {fcfs['real'][column]:.1f} / sim {fcfs['simulated'][column]:.1f}"
+        for column, _, _ in COLUMNS if fcfs["real"] is not None)]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
