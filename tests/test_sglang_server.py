@@ -116,6 +116,10 @@ class TestOutletsPolicy:
     def test_get_load_reports_the_predicted_remaining_work(self, server):
         """What sglang-router's power_of_two reads: while a request predicted 5000 runs, its predicted
         remaining (5000 minus the <= 400 tokens generated), not SGLang's token load (a few hundred)."""
+        # the previous test's last request may still be leaving the scheduler when its client is done
+        deadline = time.monotonic() + 30
+        while json.loads(server.get("/get_load"))[0]["num_reqs"] and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert json.loads(server.get("/get_load")) == [
             {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "load": "predicted_remaining"}]
         done = threading.Event()
