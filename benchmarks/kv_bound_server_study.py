@@ -424,7 +424,7 @@ def plot(args) -> None:
         medians = [summary_of(row, column) for row in rows]
         values = [m[0] or 0 for m in medians]
         errors = [[(m[0] or 0) - (m[1] or 0) for m in medians], [(m[2] or 0) - (m[0] or 0) for m in medians]]
-        axis.barh(range(len(rows)), values, xerr=errors, color=["0.6" if row["server"] in ("fcfs", "lof") else
+        axis.barh(range(len(rows)), values, xerr=errors, color=["0.6" if not row["server"].startswith("outlets") else
                                                                 "C0" if "KV" not in row["server"] else "C1"
                                                                 for row in rows])
         axis.set(title=column, xlabel=column)

@@ -55,6 +55,7 @@ FITTED_ON = ("fcfs", "fcfs (A/A control)")  # the servers whose logs the step mo
 # (server, predictor) of the study -> (queue, kv_admission) of its simulated run
 RUNS = {
     ("fcfs", "none"): ("fcfs", "sglang"),
+    ("fcfs (A/A control)", "none"): ("fcfs", "sglang"),  # the same policy: any real gap is the machine's
     ("lof", "none"): ("lof", "sglang"),
     (DEFAULT, "none"): ("tail-safe", "sglang"),
     (DEFAULT, "bert"): ("tail-safe", "predicted"),
@@ -124,19 +125,24 @@ def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, 
     return results
 
 
-def real_medians(args) -> Dict[tuple, dict]:
-    """The study's medians by (server, predictor); none before its report stage has run."""
-    path = os.path.join(args.results, "result.json")
-    if not os.path.exists(path):
-        print(f"{path} not written yet (the study's report stage): simulated side only")
-        return {}
-    with open(path) as handle:
-        rows = json.load(handle)["rows"]
+def real_medians(args, pace: Dict[str, float]) -> Dict[tuple, dict]:
+    """The study's medians by (server, predictor), as measured and with each run's times divided by its
+    pace (throughput multiplied): what the run would have measured at the fit's machine speed."""
     real = {}
-    for row in rows:
-        real[(row["server"], row["predictor"])] = {
-            **{column: study.summary_of(row, column)[0] for column, _, _ in COLUMNS},
-            "retracted": statistics.median(run["retracted"] for run in row["runs"]), "runs": len(row["runs"])}
+    for server, predictor in RUNS:
+        runs = []
+        for out in sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), study.slug(predictor), "rep*"))):
+            (run,) = study.finished_runs([out]) or [None]
+            if run is None:
+                continue
+            speed = pace[os.path.relpath(out, args.runs_dir)]
+            runs.append({**{column: run["metrics"][column] for column, _, _ in COLUMNS},
+                         **{f"{column} (pace-adjusted)": run["metrics"][column] * (speed if "tok/s" in column else 1 / speed)
+                            for column, _, _ in COLUMNS},
+                         "retracted": run["retracted"]})
+        if runs:
+            real[(server, predictor)] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            real[(server, predictor)]["runs"] = len(runs)
     return real
 
 
@@ -169,7 +175,7 @@ def main() -> None:
             pace[os.path.relpath(os.path.dirname(path), args.runs_dir)] = float(
                 sum(interval.seconds for interval in intervals) / fit.predict(intervals).sum())
     trace = workload(args)
-    simulated, real = simulate(args, fit.coefficients, trace), real_medians(args)
+    simulated, real = simulate(args, fit.coefficients, trace), real_medians(args, pace)
     rows = [{"server": server, "predictor": predictor, "simulated": simulated[(server, predictor)],
              "real": real.get((server, predictor))} for server, predictor in RUNS]
     result = {"command": "python benchmarks/simulator_vs_server.py " + " ".join(sys.argv[1:]),
@@ -200,18 +206,21 @@ def render(result: dict) -> str:
               "the fit gives the same batch and cache):", ""]
     lines += [f"- {run}: {value:.2f}" for run, value in sorted(result["pace"].items())]
     lines += ["", "Ratios to fcfs (real: median over the runs; simulated: one deterministic run). Retractions per run.",
-              "", "| server | predictions | " + " | ".join(f"{c} real | {c} sim" for c, _, _ in COLUMNS)
-              + " | retracted real | retracted sim |", "|---|---|" + "---:|" * (2 * len(COLUMNS) + 2)]
+              "Real, pace-adjusted: each run's times divided by its pace, its throughput multiplied.", "",
+              "| server | predictions | runs | " + " | ".join(f"{c} real | pace-adjusted | sim" for c, _, _ in COLUMNS)
+              + " | retracted real | retracted sim |", "|---|---|---:|" + "---:|" * (3 * len(COLUMNS) + 2)]
     for row in result["rows"]:
-        cells = []
+        cells = [str((row["real"] or {}).get("runs", 0))]
         for column, _, _ in COLUMNS:
-            cells += [ratio(row, "real", column, fcfs), ratio(row, "simulated", column, fcfs)]
+            cells += [ratio(row, "real", column, fcfs), ratio(row, "real", f"{column} (pace-adjusted)", fcfs),
+                      ratio(row, "simulated", column, fcfs)]
         real_retracted = "n/a" if row["real"] is None else f"{row['real']['retracted']:g}"
         lines.append(f"| {row['server']} | {row['predictor']} | " + " | ".join(cells)
                      + f" | {real_retracted} | {row['simulated']['retracted']} |")
-    lines += ["", "fcfs in absolute terms: " + ", ".join(
-        f"{column} real {fcfs['real'][column]:.1f} / sim {fcfs['simulated'][column]:.1f}"
-        for column, _, _ in COLUMNS if fcfs["real"] is not None)]
+    if fcfs["real"] is not None:
+        lines += ["", "fcfs in absolute terms: " + ", ".join(
+            f"{column} real {fcfs['real'][column]:.1f} (pace-adjusted {fcfs['real'][column + ' (pace-adjusted)']:.1f}) "
+            f"/ sim {fcfs['simulated'][column]:.1f}" for column, _, _ in COLUMNS)]
     return "\n".join(lines) + "\n"
 
 
