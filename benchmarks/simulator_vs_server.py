@@ -40,6 +40,7 @@ sys.path.insert(0, REPO)
 import kv_bound_server_study as study  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl  # noqa: E402
+from specforge_outlets.evaluation.predictions_file import predictions_by_id  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
@@ -74,17 +75,14 @@ def read_jsonl(path: str) -> List[dict]:
     return rows
 
 
-def server_logs(args, servers) -> List[str]:
-    return sorted(path for server in servers
-                  for path in glob.glob(os.path.join(args.runs_dir, study.slug(server), "*", "rep*", "server.log")))
-
-
-def intervals_of(paths: List[str]) -> list:
-    intervals = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            intervals += parse_intervals(handle)
-    return intervals
+def intervals_by_run(args) -> Dict[str, Dict[str, list]]:
+    """Per server, per finished run (its directory under the study's), the decode intervals of its log."""
+    runs: Dict[str, Dict[str, list]] = {}
+    for server in study.SERVERS:
+        for path in sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), "*", "rep*", "server.log"))):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                runs.setdefault(server, {})[os.path.relpath(os.path.dirname(path), args.runs_dir)] = parse_intervals(handle)
+    return runs
 
 
 def workload(args) -> Trace:
@@ -104,8 +102,7 @@ def predictions_of(args, predictor: str, trace: Trace) -> list:
         return [None] * len(trace)
     if predictor == "oracle":
         return trace.output_lens.astype(float).tolist()
-    by_id = {row["id"]: row["predicted_output_len"]
-             for row in read_jsonl(os.path.join(args.runs_dir, f"predictions-{predictor}.jsonl"))}
+    by_id = predictions_by_id(study.predictions_path(args.runs_dir, predictor))
     return [float(by_id[i]) for i in trace.ids]
 
 
@@ -131,10 +128,8 @@ def real_medians(args, pace: Dict[str, float]) -> Dict[tuple, dict]:
     real = {}
     for server, predictor in RUNS:
         runs = []
-        for out in sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), study.slug(predictor), "rep*"))):
-            (run,) = study.finished_runs([out]) or [None]
-            if run is None:
-                continue
+        outs = sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), study.slug(predictor), "rep*")))
+        for out, run in zip(outs, study.finished_runs(outs)):
             speed = pace[os.path.relpath(out, args.runs_dir)]
             runs.append({**{column: run["metrics"][column] for column, _, _ in COLUMNS},
                          **{f"{column} (pace-adjusted)": run["metrics"][column] * (speed if "tok/s" in column else 1 / speed)
@@ -149,31 +144,26 @@ def real_medians(args, pace: Dict[str, float]) -> Dict[tuple, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs-dir", default=RUNS_DIR)
-    parser.add_argument("--results", default=RESULTS, help="the study's report directory (result.json); written to")
+    parser.add_argument("--results", default=RESULTS, help="where simulator-check.md and .json are written")
     parser.add_argument("--max-total-tokens", type=int, default=16384, help="the study's --max-total-tokens")
     parser.add_argument("--max-running-requests", type=int, default=64, help="the study's servers'")
     parser.add_argument("--chunked-prefill-size", type=int, default=4096, help="the servers' (SGLang's CPU default)")
     args = parser.parse_args()
 
-    fit = fit_step_time(intervals_of(server_logs(args, FITTED_ON)))
+    logs = intervals_by_run(args)
+    fit = fit_step_time([interval for server in FITTED_ON for run in logs.get(server, {}).values() for interval in run])
     held_out = {}
-    for server in study.SERVERS:
-        if server in FITTED_ON:
+    for server, runs in logs.items():
+        intervals = [interval for run in runs.values() for interval in run]
+        if server in FITTED_ON or not intervals:
             continue
-        intervals = intervals_of(server_logs(args, [server]))
-        if intervals:
-            seconds = np.array([interval.seconds for interval in intervals])
-            errors = np.abs(fit.predict(intervals) - seconds) / seconds
-            held_out[server] = {"intervals": len(intervals), "median_abs_error": float(np.median(errors)),
-                                "total_time_ratio": float(fit.predict(intervals).sum() / seconds.sum())}
+        seconds, predicted = np.array([interval.seconds for interval in intervals]), fit.predict(intervals)
+        held_out[server] = {"intervals": len(intervals), "median_abs_error": float(np.median(np.abs(predicted - seconds) / seconds)),
+                            "total_time_ratio": float(predicted.sum() / seconds.sum())}
     # each run's pace: the seconds its decode intervals took over what the fit gives them. Runs of one
     # policy that differ in pace differ in the machine's speed, not in what the scheduler decided
-    pace = {}
-    for path in server_logs(args, study.SERVERS):
-        intervals = intervals_of([path])
-        if intervals:
-            pace[os.path.relpath(os.path.dirname(path), args.runs_dir)] = float(
-                sum(interval.seconds for interval in intervals) / fit.predict(intervals).sum())
+    pace = {run: float(sum(interval.seconds for interval in intervals) / fit.predict(intervals).sum())
+            for runs in logs.values() for run, intervals in runs.items() if intervals}
     trace = workload(args)
     simulated, real = simulate(args, fit.coefficients, trace), real_medians(args, pace)
     rows = [{"server": server, "predictor": predictor, "simulated": simulated[(server, predictor)],
