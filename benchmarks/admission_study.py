@@ -7,7 +7,8 @@ other two workloads' r̂₀ carry the errors OUTLETS made on the label set) on 4
 instances of 100,000 KV tokens each,
 under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
 ``sglang`` (SGLang 0.5.23's own, ``simulation/sglang_admission.py``) and ``predicted`` (the plugin's
-KV by prediction; without a prediction it reserves in full), and as further baselines ``vllm``
+KV by prediction: SGLang's rounds with a predicted request charged its prediction, a request without
+one, or before its r̂₀ at prefill, charged as SGLang charges it), and as further baselines ``vllm``
 (vLLM 0.34.0's own, ``simulation/vllm_admission.py``) and ``vllm-0.13`` (vLLM v0.13's, the paper's
 baseline) under vLLM's default, round robin + FCFS only (vLLM's admission models its FCFS
 scheduler). Every ratio is to SGLang's default, round robin + FCFS under SGLang's admission; the

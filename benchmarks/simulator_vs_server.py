@@ -75,23 +75,28 @@ def read_jsonl(path: str) -> List[dict]:
     return rows
 
 
+def finished_run_dirs(*parts: str) -> List[str]:
+    """The finished runs' directories matching ``parts`` (a run in progress is ``repN.partial``)."""
+    return sorted(path for path in glob.glob(os.path.join(*parts, "rep*")) if not path.endswith(".partial"))
+
+
 def intervals_by_run(args) -> Dict[str, Dict[str, list]]:
     """Per server, per finished run (its directory under the study's), the decode intervals of its log."""
     runs: Dict[str, Dict[str, list]] = {}
     for server in study.SERVERS:
-        for path in sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), "*", "rep*", "server.log"))):
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                runs.setdefault(server, {})[os.path.relpath(os.path.dirname(path), args.runs_dir)] = parse_intervals(handle)
+        for out in finished_run_dirs(args.runs_dir, study.slug(server), "*"):
+            with open(os.path.join(out, "server.log"), encoding="utf-8", errors="replace") as handle:
+                runs.setdefault(server, {})[os.path.relpath(out, args.runs_dir)] = parse_intervals(handle)
     return runs
 
 
 def workload(args) -> Trace:
     """The study's requests in its order, with the prompt lengths a finished run's server counted."""
     dataset = list(read_jsonl(os.path.join(args.runs_dir, "dataset.jsonl")))
-    records = glob.glob(os.path.join(args.runs_dir, "fcfs", "none", "rep*", "requests.jsonl"))
+    records = finished_run_dirs(args.runs_dir, "fcfs", "none")
     if not records:
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run kv_bound_server_study.py run first")
-    prompt_lens = {row["id"]: row["prompt_len"] for row in read_jsonl(records[0])}
+    prompt_lens = {row["id"]: row["prompt_len"] for row in read_jsonl(os.path.join(records[0], "requests.jsonl"))}
     ids = [row["id"] for row in dataset]
     return Trace("kv-bound-server", ids, np.zeros(len(ids)), np.array([prompt_lens[i] for i in ids]),
                  np.array([row["output_length"] for row in dataset]))
@@ -128,7 +133,7 @@ def real_medians(args, pace: Dict[str, float]) -> Dict[tuple, dict]:
     real = {}
     for server, predictor in RUNS:
         runs = []
-        outs = sorted(glob.glob(os.path.join(args.runs_dir, study.slug(server), study.slug(predictor), "rep*")))
+        outs = finished_run_dirs(args.runs_dir, study.slug(server), study.slug(predictor))
         for out, run in zip(outs, study.finished_runs(outs)):
             speed = pace[os.path.relpath(out, args.runs_dir)]
             runs.append({**{column: run["metrics"][column] for column, _, _ in COLUMNS},

@@ -1,9 +1,11 @@
-"""``kv_admission: sglang`` decides as SGLang 0.5.23 does (serve environment: ``.venv-serve``).
+"""``kv_admission: sglang`` decides as SGLang 0.5.23 does, and ``predicted`` on a colocated instance as
+SGLang with the plugin's KV admission by prediction does (serve environment: ``.venv-serve``).
 
 SGLang's own classes decide here, on a real KV allocator, request-to-token pool and (disabled) radix
 cache: ``PrefillAdder.add_one_req`` admits, ``ScheduleBatch.retract_decode`` retracts and re-estimates
-the ratio, ``NewTokenRatioTracker`` decays it. The simulator runs a trace with SGLang's admission; at
-every admission round and every retraction it made, the same requests and cache state are given to
+the ratio, ``NewTokenRatioTracker`` decays it; for ``predicted``, with the plugin's two hooks
+(``sglang_patches.kv_admission``) around ``PrefillAdder``. The simulator runs a trace; at every
+admission round and every retraction it made, the same requests and cache state are given to
 SGLang's code, which must make the same decision.
 """
 
@@ -13,7 +15,7 @@ import os
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -33,16 +35,18 @@ from specforge_outlets.simulation.sglang_peers import queue_policy, routing_poli
 
 CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
 MAX_NEW_TOKENS = 600
+KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default) and the simulator's kv_prediction_margin
 
 
 @dataclass(frozen=True)
 class Held:
-    """A request as both sides see it: prompt tokens, output tokens so far, max_new_tokens."""
+    """A request as both sides see it: prompt tokens, output tokens so far, max_new_tokens, predicted output length."""
 
     rid: str
     prompt: int
     generated: int
     max_new: int
+    predicted: Optional[float] = None
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,32 @@ def sglang_req(held: Held):
     params.normalize(None)
     req = Req(held.rid, "", array("q", [1] * held.prompt), params)
     req.output_ids.extend([2] * held.generated)
+    if held.predicted is not None:
+        from sglang_patches import predictions
+
+        predictions.set_prediction(req, held.predicted, "external")
     return req
+
+
+@pytest.fixture
+def plugin_kv_admission(monkeypatch):
+    """The plugin's KV admission by prediction around SGLang's ``PrefillAdder``, as ``--schedule-policy outlets
+    --outlets-kv-margin KV_MARGIN`` installs it."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang_patches import kv_admission, state
+    from sglang_patches.settings import ENV_KV_MARGIN
+
+    monkeypatch.setenv(ENV_KV_MARGIN, str(KV_MARGIN))
+    state.reset_settings()
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    offset, add_one_req = PrefillAdder._get_running_request_total_token_offset, PrefillAdder.add_one_req
+    monkeypatch.setattr(PrefillAdder, "_get_running_request_total_token_offset",
+                        lambda self, req: kv_admission.running_token_offset_around(offset, self, req))
+    monkeypatch.setattr(PrefillAdder, "add_one_req",
+                        lambda self, req, *a, **k: kv_admission.add_one_req_around(add_one_req, self, req, *a, **k))
+    yield
+    monkeypatch.undo()
+    state.reset_settings()
 
 
 def running_batch(pools, running: List[Held]):
@@ -140,7 +169,8 @@ def sglang_retraction(pools, running: List[Held]) -> Tuple[List[str], float]:
 
 def held_of(engine: EngineInstance, request) -> Held:
     generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
-    return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request))
+    return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request),
+                request.predicted_at(generated))
 
 
 class Recorder:
@@ -176,12 +206,14 @@ class Recorder:
         monkeypatch.setattr(EngineInstance, "_make_room", recorded_make_room)
 
 
-def run_sglang_admission(trace: Trace, queue: str = "fcfs"):
+def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optional[list] = None):
+    """The simulator on ``trace``: SGLang's admission, or with ``predictions`` (known on arrival) the plugin's."""
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
-                                        "max_new_tokens": MAX_NEW_TOKENS, "kv_admission": "sglang",
-                                        "chunked_prefill_size": 8192}, "test")
+                                        "max_new_tokens": MAX_NEW_TOKENS, "chunked_prefill_size": 8192,
+                                        "kv_admission": "sglang" if predictions is None else "predicted",
+                                        "kv_prediction_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy(queue))
-    return Simulation(trace, [None] * len(trace), cluster, policy, SchedulingConfig()).run()
+    return Simulation(trace, predictions or [None] * len(trace), cluster, policy, SchedulingConfig()).run()
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +225,15 @@ def busy_trace():
     inputs = rng.integers(50, 900, size=count)
     outputs = np.where(rng.random(count) < 0.3, rng.integers(400, 1200, size=count), rng.integers(5, 120, size=count))
     return Trace("busy", [str(i) for i in range(count)], arrivals, inputs, outputs)
+
+
+@pytest.fixture(scope="module")
+def rough_predictions(busy_trace):
+    """Predictions from a twentieth to 1.5x each length, a tenth of them missing (charged as SGLang charges)."""
+    rng = np.random.default_rng(6)
+    factors = rng.uniform(0.05, 1.5, size=len(busy_trace))
+    return [None if rng.random() < 0.1 else float(max(1.0, length * factor))
+            for length, factor in zip(busy_trace.output_lens, factors)]
 
 
 def test_the_ratio_is_sglangs_tracker():
@@ -230,6 +271,20 @@ def test_every_retraction_of_the_simulator_is_sglangs(sglang_pools, busy_trace, 
     recorder = Recorder(monkeypatch)
     result = run_sglang_admission(busy_trace)
     assert result.retractions.sum() > 0 and recorder.retractions
+    for running, gone, ratio in recorder.retractions:
+        expected, expected_ratio = sglang_retraction(sglang_pools, running)
+        assert sorted(gone) == sorted(expected) and ratio == pytest.approx(expected_ratio, rel=1e-12), running
+
+
+def test_kv_admission_by_prediction_decides_as_sglang_with_the_plugin(sglang_pools, busy_trace, rough_predictions,
+                                                                     plugin_kv_admission, monkeypatch):
+    recorder = Recorder(monkeypatch)
+    result = run_sglang_admission(busy_trace, predictions=rough_predictions)
+    assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
+    assert len(recorder.rounds) > 20 and any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)
+    assert any(held.predicted is None for running, *_ in recorder.rounds for held in running)  # SGLang's charge too
+    for running, waiting, ratio, admitted, full in recorder.rounds:
+        assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, ratio)
     for running, gone, ratio in recorder.retractions:
         expected, expected_ratio = sglang_retraction(sglang_pools, running)
         assert sorted(gone) == sorted(expected) and ratio == pytest.approx(expected_ratio, rel=1e-12), running

@@ -41,9 +41,13 @@ class KVAdmission(Enum):
 
     # prompt + max(max_new_tokens, its output): the cache can never overflow, nothing is retracted
     MAX_NEW_TOKENS = "max-new-tokens"
-    # prompt + generated + predicted remaining x (1 + kv_prediction_margin), at most what is left of
-    # max_new_tokens (the full reservation without a prediction, and after a retraction); re-sized
-    # when the prediction arrives after admission; when the cache fills, the longest predicted
+    # the plugin's --outlets-kv-margin. Colocated instances: SGLang's admission rounds and retraction
+    # (as sglang) with a predicted request charged its predicted remaining x (1 + kv_prediction_margin)
+    # instead of its share of max_new_tokens, as sglang_patches/kv_admission.py hooks PrefillAdder; a
+    # request not (yet) predicted is charged as SGLang charges it. Disaggregated decode instances (whose
+    # admission the plugin does not hook): a reservation of prompt + generated + that budget, at most
+    # what is left of max_new_tokens (the full reservation without a prediction, and after a
+    # retraction), re-sized when the prediction arrives. When the cache fills, the longest predicted
     # remaining is retracted and recomputed later
     PREDICTED = "predicted"
     # SGLang 0.5.23's own (sglang_admission.py): running requests charged min(max_new_tokens -
@@ -65,6 +69,8 @@ class KVAdmission(Enum):
     QUANTILE = "quantile"
 
 
+# the plugin's admissions by prediction (a margin or a quantile of the predicted remaining length)
+PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
 # vLLM's own admissions, one per version modelled (vllm_admission.RULES has each one's rules)
 VLLM_ADMISSIONS = (KVAdmission.VLLM, KVAdmission.VLLM_0_13)
 

@@ -40,6 +40,7 @@ from specforge_outlets.scheduling import (
 )
 from specforge_outlets.simulation import sglang_admission, vllm_admission
 from specforge_outlets.simulation.cluster import (
+    PREDICTION_ADMISSIONS,
     VLLM_ADMISSIONS,
     ClusterConfig,
     ClusterMode,
@@ -228,7 +229,11 @@ class EngineInstance:
     rounds charge the running requests a decaying share of their remaining ``max_new_tokens``, a
     refused round waits for a running request to leave, a running request holds the KV of its prompt
     and its output but the last token (which the next step writes), and a full cache retracts the
-    fewest-generated first (the plugin's order for the plugin's sjf and tail-safe).
+    fewest-generated first (the plugin's order for the plugin's sjf and tail-safe). On a colocated
+    instance, ``predicted`` and ``quantile`` run these rounds too, as the plugin does on SGLang: a
+    predicted request is charged its predicted budget (``_predicted_budget``) where SGLang would
+    charge its share of ``max_new_tokens``, whether it runs or is being admitted (after a retraction
+    too), so the charge falls as it decodes and stays at the floor once it outlives its prediction.
 
     ``kv_admission: vllm`` (and ``vllm-0.13``) runs vLLM v1's instead (:mod:`vllm_admission`), one
     ``schedule`` pass at each step boundary (``_vllm_schedule``): the running requests allocate whole
@@ -247,7 +252,12 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
-        self.sglang = sim.cluster.kv_admission is KVAdmission.SGLANG
+        admission = sim.cluster.kv_admission
+        # KV by prediction on a colocated instance is the plugin's (sglang_patches/kv_admission.py): SGLang's
+        # own admission rounds and retraction, with a predicted request charged its predicted budget
+        self.charge_by_prediction = admission in PREDICTION_ADMISSIONS and sim.cluster.mode is ClusterMode.COLOCATED
+        # SGLang's admission rounds (PrefillAdder), its ratio and its retraction check run here
+        self.sglang = admission is KVAdmission.SGLANG or self.charge_by_prediction
         # the vLLM version's rules under vLLM's admission, else None
         self.vllm: Optional[vllm_admission.VLLMRules] = vllm_admission.RULES.get(sim.cluster.kv_admission)
         if self.vllm:  # read under vLLM's admission only
@@ -332,20 +342,33 @@ class EngineInstance:
 
     def _reservation(self, request: SimRequest, generated: Optional[int] = None) -> int:
         """KV tokens to reserve for a request with ``generated`` tokens (default: as it is admitted)."""
-        cluster = self.sim.cluster
         generated = request.num_generated_tokens if generated is None else generated
-        if (cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
+        if (self.sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
                 or request.retractions):
             return request.full_reservation
-        cap = max(cluster.max_new_tokens - generated, 0)  # never above the full reservation
+        # never above the full reservation
+        return request.input_len + generated + self._predicted_budget(
+            request, generated, max(self.sim.cluster.max_new_tokens - generated, 0))
+
+    def _predicted_budget(self, request: SimRequest, generated: int, cap: int) -> int:
+        """Output tokens of KV a predicted request is charged from now on, at most ``cap``: its predicted
+        remaining x (1 + margin), or the ``kv_quantile``-quantile of its remaining length."""
+        cluster = self.sim.cluster
         if cluster.kv_admission is KVAdmission.QUANTILE:
             distribution = request_distribution(request.predicted_at(generated), request.quantiles_at(generated),
                                                 self.sim.scheduling)
-            budget = quantile_output_budget(distribution, generated, cluster.kv_quantile, cap)
-        else:
-            budget = predicted_output_budget(request.predicted_at(generated), generated,
-                                             cluster.kv_prediction_margin, cap, self.sim.scheduling)
-        return request.input_len + generated + budget
+            return quantile_output_budget(distribution, generated, cluster.kv_quantile, cap)
+        return predicted_output_budget(request.predicted_at(generated), generated, cluster.kv_prediction_margin, cap,
+                                       self.sim.scheduling)
+
+    def _asked_max_new_tokens(self, request: SimRequest, generated: int) -> int:
+        """``max_new_tokens`` as SGLang's admission arithmetic reads it: the plugin has a predicted
+        request ask for its tokens so far plus its predicted budget (``add_one_req_around``)."""
+        max_new = self._max_new_tokens(request)
+        if not self.charge_by_prediction or request.predicted_at(generated) is None:
+            return max_new
+        cap = min(max(max_new - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
+        return generated + self._predicted_budget(request, generated, cap)
 
     def _reserved(self, now: float) -> int:
         """KV tokens the admission sees reserved. With dynamic predictions, or a quantile charge, a
@@ -438,8 +461,7 @@ class EngineInstance:
             return
         free = self.capacity - self._kv_in_use()
         ratio = self.new_token_ratio.current
-        charged = sum(sglang_admission.running_charge(self._max_new_tokens(r), 1 + self.steps_done - r.join_step, ratio)
-                      for r in self.running.values())
+        charged = sum(self._running_charge(r, 1 + self.steps_done - r.join_step, ratio) for r in self.running.values())
         # a request still prefilling holds its prompt's KV (in use) and was charged its output at admission
         charged += sum(sglang_admission.admitted_charge(0, self._max_new_tokens(r)) for r in self.prefilling)
         admitted = 0
@@ -448,7 +470,7 @@ class EngineInstance:
                 self.batch_is_full = True
                 return
             head = self.queue.peek_request(now)
-            max_new = self._max_new_tokens(head)
+            max_new = self._asked_max_new_tokens(head, head.num_generated_tokens)
             need = sglang_admission.admission_need(head.prefill_left, max_new, head.num_generated_tokens)
             if not sglang_admission.admits(need, free - charged):
                 self.batch_is_full = admitted > 0 or bool(self.running)
@@ -459,6 +481,14 @@ class EngineInstance:
             if free - charged <= 0:  # nothing left: the round ends, the batch is full
                 self.batch_is_full = True
                 return
+
+    def _running_charge(self, request: SimRequest, generated: int, ratio: float) -> float:
+        """KV tokens a running request is charged on top of what it holds: the plugin's predicted budget
+        (``running_token_offset_around``: no ratio), else SGLang's share of its remaining max_new_tokens."""
+        if self.charge_by_prediction and request.predicted_at(generated) is not None:
+            cap = min(max(self._max_new_tokens(request) - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
+            return self._predicted_budget(request, generated, cap)
+        return sglang_admission.running_charge(self._max_new_tokens(request), generated, ratio)
 
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
