@@ -12,7 +12,9 @@ server on this CPU. This runs the simulator on the same set-up, so the two can b
   the server counted (a run's ``requests.jsonl``) and the output length it generated.
 - **Runs**: fcfs and lof under SGLang's admission (``kv_admission: sglang``); the default (tail-safe)
   without predictions under SGLang's admission too, as the plugin keeps SGLang's charge for a request
-  without one; with bert, OUTLETS r̂₀ and the oracle under KV by prediction (``predicted``, margin 0.2).
+  without one; with bert, OUTLETS r̂₀ and the oracle under KV by prediction (``predicted``, margin 0.2:
+  SGLang's rounds with the plugin's charge); issue 27's servers with the detached draft's quantiles
+  (SJF by the Gittins rank, KV by prediction; tail-safe with KV at the median, ``quantile`` 0.5).
 
 The report gives both as ratios to fcfs, the retraction counts, and the absolute fcfs numbers;
 absolute times are not expected to agree (the step model is a fit), the ratios and their order are.
@@ -29,7 +31,7 @@ import json
 import os
 import statistics
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,10 +43,11 @@ import kv_bound_server_study as study  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl  # noqa: E402
 from specforge_outlets.evaluation.predictions_file import predictions_by_id  # noqa: E402
-from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
+from specforge_outlets.scheduling import OrderKey, SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.predictors import read_file_quantiles  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from specforge_outlets.simulation.step_fit import fit_step_time, parse_intervals  # noqa: E402
 from specforge_outlets.simulation.study import summarize  # noqa: E402
@@ -53,15 +56,32 @@ RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-300")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "kv-bound-server-300")
 DEFAULT = "outlets tail-safe + KV by prediction"
 FITTED_ON = ("fcfs", "fcfs (A/A control)")  # the servers whose logs the step model is fitted to
-# (server, predictor) of the study -> (queue, kv_admission) of its simulated run
+GITTINS = "outlets gittins + KV by prediction"
+KV_AT_MEDIAN = "outlets tail-safe + KV at q0.5"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimRun:
+    """The simulated counterpart of a study server: its queue, its KV admission, and what the server's flags set."""
+
+    queue: str
+    kv_admission: str
+    cluster: Tuple[Tuple[str, object], ...] = ()  # cluster fields beyond the shared set-up
+    scheduling: Tuple[Tuple[str, object], ...] = ()  # SchedulingConfig fields
+
+
+# (server, predictor) of the study -> its simulated run
 RUNS = {
-    ("fcfs", "none"): ("fcfs", "sglang"),
-    ("fcfs (A/A control)", "none"): ("fcfs", "sglang"),  # the same policy: any real gap is the machine's
-    ("lof", "none"): ("lof", "sglang"),
-    (DEFAULT, "none"): ("tail-safe", "sglang"),
-    (DEFAULT, "bert"): ("tail-safe", "predicted"),
-    (DEFAULT, "outlets"): ("tail-safe", "predicted"),
-    (DEFAULT, "oracle"): ("tail-safe", "predicted"),
+    ("fcfs", "none"): SimRun("fcfs", "sglang"),
+    ("fcfs (A/A control)", "none"): SimRun("fcfs", "sglang"),  # the same policy: any real gap is the machine's
+    ("lof", "none"): SimRun("lof", "sglang"),
+    (DEFAULT, "none"): SimRun("tail-safe", "sglang"),
+    (DEFAULT, "bert"): SimRun("tail-safe", "predicted"),
+    (DEFAULT, "outlets"): SimRun("tail-safe", "predicted"),
+    (DEFAULT, "oracle"): SimRun("tail-safe", "predicted"),
+    # issue 27: the detached draft's quantiles (`--outlets-order-key gittins`; `--outlets-kv-quantile 0.5`)
+    (GITTINS, study.QUANTILES): SimRun("sjf", "predicted", scheduling=(("order_key", OrderKey.GITTINS),)),
+    (KV_AT_MEDIAN, study.QUANTILES): SimRun("tail-safe", "quantile", cluster=(("kv_quantile", 0.5),)),
 }
 COLUMNS = (("short P99 s", "short", "e2e_p99_s"), ("long P99 s", "long", "e2e_p99_s"),
            ("throughput tok/s", "all", "throughput_tok_s"))
@@ -102,13 +122,17 @@ def workload(args) -> Trace:
                  np.array([row["output_length"] for row in dataset]))
 
 
-def predictions_of(args, predictor: str, trace: Trace) -> list:
+def predictions_of(args, predictor: str, trace: Trace) -> Tuple[list, Optional[list]]:
+    """Each request's point prediction as the study sent it, and its total-length quantiles where the file has them."""
     if predictor == "none":
-        return [None] * len(trace)
+        return [None] * len(trace), None
     if predictor == "oracle":
-        return trace.output_lens.astype(float).tolist()
-    by_id = predictions_by_id(study.predictions_path(args.runs_dir, predictor))
-    return [float(by_id[i]) for i in trace.ids]
+        return trace.output_lens.astype(float).tolist(), None
+    path = study.predictions_path(args.runs_dir, predictor)
+    by_id = predictions_by_id(path)
+    quantiles = read_file_quantiles(path)
+    return ([float(by_id[i]) for i in trace.ids],
+            [quantiles.static.get(i) for i in trace.ids] if quantiles.levels is not None else None)
 
 
 def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, dict]:
@@ -116,10 +140,16 @@ def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, 
             "max_running_requests": args.max_running_requests, "chunked_prefill_size": args.chunked_prefill_size,
             "max_new_tokens": study.MAX_NEW_TOKENS, "predict_at": "arrival", "fitted_step_time": coefficients}
     results = {}
-    for (server, predictor), (queue, admission) in RUNS.items():
-        cluster = cluster_config_from_dict({**base, "kv_admission": admission}, "simulator check")
-        policy = Policy(routing_policy("round-robin"), queue_policy(queue))
-        result = Simulation(trace, predictions_of(args, predictor, trace), cluster, policy, SchedulingConfig()).run()
+    for (server, predictor), run in RUNS.items():
+        cluster = cluster_config_from_dict({**base, "kv_admission": run.kv_admission, **dict(run.cluster)},
+                                           "simulator check")
+        policy = Policy(routing_policy("round-robin"), queue_policy(run.queue))
+        points, quantiles = predictions_of(args, predictor, trace)
+        scheduling = SchedulingConfig(**dict(run.scheduling))
+        if quantiles is not None:
+            scheduling = dataclasses.replace(scheduling, quantile_levels=read_file_quantiles(
+                study.predictions_path(args.runs_dir, predictor)).levels)
+        result = Simulation(trace, points, cluster, policy, scheduling, quantiles=quantiles).run()
         metrics = summarize(result, study.SHORT_THRESHOLD)
         results[(server, predictor)] = {
             **{column: metrics[group][key] for column, group, key in COLUMNS},
