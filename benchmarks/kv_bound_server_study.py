@@ -9,7 +9,9 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   SmolLM2's chat template, and
   each generating exactly the length SmolLM2 gave it at regeneration, under the label set's
   ``max_new_tokens`` cap of 2048 (``outlets bench-serving --end-at-output-len``: the server ends the
-  request there, so neither ``lof`` nor SGLang's reservation learns the lengths). All at once.
+  request there, so neither ``lof`` nor SGLang's reservation learns the lengths). All at once, or
+  with Poisson arrivals at ``--rate`` requests/s (seeded by ``--seed``: every run sends at the same
+  times; one ``--runs-dir`` holds one rate).
 - **Target**: a random 2-layer Llama with SmolLM2's tokenizer and vocabulary (``--model-path``
   takes SmolLM2 itself, at 5-30 tokens/s here). Its forward costs little, so a run takes seconds,
   and the scheduler's admission, retraction and order decide the latencies, as on a GPU whose
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -243,8 +246,23 @@ def make_target(directory: str) -> str:
 # -- 1. run -----------------------------------------------------------------------------------------
 
 
+def check_arrivals(args) -> None:
+    """One runs directory holds one arrival pattern: its first run records it, a later one must match."""
+    path = os.path.join(args.runs_dir, "arrivals.json")
+    chosen = {"rate_rps": str(args.rate), "seed": args.seed}
+    if not os.path.exists(path):
+        write_text_atomic(path, json.dumps(chosen))
+        return
+    with open(path) as handle:
+        recorded = json.load(handle)
+    if recorded != chosen:
+        raise SystemExit(f"{args.runs_dir} holds runs at --rate {recorded['rate_rps']} --seed {recorded['seed']}, "
+                         f"not --rate {args.rate} --seed {args.seed}: pass another --runs-dir for this rate")
+
+
 def run(args) -> None:
     os.makedirs(args.runs_dir, exist_ok=True)
+    check_arrivals(args)
     dataset = write_workload(args.runs_dir, args.requests, args.seed)
     model = args.model_path or make_target(os.path.join(args.runs_dir, "target"))
     common = ["--max-total-tokens", str(args.max_total_tokens), *SERVER_ARGS]
@@ -300,7 +318,8 @@ def run_predictors(args, server, server_name: str, repetition: int, predictors, 
         sent = {"none": [], "oracle": ["--oracle-prediction"]}.get(
             predictor, ["--predictions", predictions_path(args.runs_dir, predictor)])
         started = time.monotonic()
-        code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", "inf",
+        code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", str(args.rate),
+                        "--seed", str(args.seed),
                         "--tokenizer", model, "--end-at-output-len", str(END_TOKEN_ID),
                         "--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0",
                         "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "3600",
@@ -364,7 +383,8 @@ def report(args) -> None:
     if not rows:
         raise SystemExit(f"no finished run under {args.runs_dir}; run the `run` stage first")
     result = {"command": "python benchmarks/kv_bound_server_study.py " + " ".join(sys.argv[1:]),
-              "requests": args.requests, "seed": args.seed, "max_total_tokens": args.max_total_tokens,
+              "requests": args.requests, "seed": args.seed, "rate_rps": str(args.rate),
+              "max_total_tokens": args.max_total_tokens,
               "model": args.model_path or "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
     os.makedirs(args.results, exist_ok=True)
     write_text_atomic(os.path.join(args.results, "result.json"), json.dumps(result, indent=1))
@@ -384,7 +404,9 @@ def summary_of(row: dict, column: str) -> tuple:
 
 def render(result: dict) -> str:
     fcfs = next((row for row in result["rows"] if row["server"] == "fcfs"), None)
-    lines = [f"# KV-bound real servers ({result['requests']} requests, --max-total-tokens {result['max_total_tokens']})",
+    arrivals = "at once" if float(result.get("rate_rps", "inf")) == math.inf else f"at {result['rate_rps']} req/s"
+    lines = [f"# KV-bound real servers ({result['requests']} requests {arrivals}, "
+             f"--max-total-tokens {result['max_total_tokens']})",
              "", f"`{result['command']}`; {result['model']}. Median of the runs, [min-max] in brackets; "
              "ratios to fcfs's median.", "",
              "| server | predictions | runs | " + " | ".join(column for column, _ in METRICS) + " | retracted |",
@@ -443,6 +465,8 @@ def main() -> None:
     parser.add_argument("--runs-dir", default=RUNS_DIR)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=math.inf,
+                        help="requests/s, Poisson arrivals seeded by --seed (default inf: all at once)")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--max-total-tokens", type=int, default=8192)
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))

@@ -8,8 +8,9 @@ server on this CPU. This runs the simulator on the same set-up, so the two can b
   then scored on every other server's logs, which it never saw.
 - **Cluster**: one colocated instance with the server's cache (``--max-total-tokens``),
   ``max_running_requests`` and ``chunked_prefill_size``; ``max_new_tokens`` the study's cap.
-- **Requests**: the study's own (``dataset.jsonl``), all arriving at 0, each with the prompt length
-  the server counted (a run's ``requests.jsonl``) and the output length it generated.
+- **Requests**: the study's own (``dataset.jsonl``), each arriving when the study sent it (all at 0,
+  or its seeded Poisson times) with the prompt length the server counted (a run's ``requests.jsonl``)
+  and the output length it generated.
 - **Runs**: fcfs and lof under SGLang's admission (``kv_admission: sglang``); the default (tail-safe)
   without predictions under SGLang's admission too, as the plugin keeps SGLang's charge for a request
   without one; with bert, OUTLETS r̂₀ and the oracle under KV by prediction (``predicted``, margin 0.2:
@@ -111,15 +112,17 @@ def intervals_by_run(args) -> Dict[str, Dict[str, list]]:
 
 
 def workload(args) -> Trace:
-    """The study's requests in its order, with the prompt lengths a finished run's server counted."""
+    """The study's requests in the order it sent them, at its send times, with the prompt lengths a
+    finished run's server counted."""
     dataset = list(read_jsonl(os.path.join(args.runs_dir, "dataset.jsonl")))
     records = finished_run_dirs(args.runs_dir, "fcfs", "none")
     if not records:
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run kv_bound_server_study.py run first")
-    prompt_lens = {row["id"]: row["prompt_len"] for row in read_jsonl(os.path.join(records[0], "requests.jsonl"))}
-    ids = [row["id"] for row in dataset]
-    return Trace("kv-bound-server", ids, np.zeros(len(ids)), np.array([prompt_lens[i] for i in ids]),
-                 np.array([row["output_length"] for row in dataset]))
+    sent = {row["id"]: row for row in read_jsonl(os.path.join(records[0], "requests.jsonl"))}
+    ids = sorted((row["id"] for row in dataset), key=lambda i: sent[i]["scheduled_s"])  # in arrival order
+    lengths = {row["id"]: row["output_length"] for row in dataset}
+    return Trace("kv-bound-server", ids, np.array([sent[i]["scheduled_s"] for i in ids]),
+                 np.array([sent[i]["prompt_len"] for i in ids]), np.array([lengths[i] for i in ids]))
 
 
 def predictions_of(args, predictor: str, trace: Trace) -> Tuple[list, Optional[list]]:
