@@ -342,7 +342,7 @@ def breakdown(args) -> None:
 # -- 4. report and plot -----------------------------------------------------------------------------
 
 
-def written(args, stage: str) -> List[dict]:
+def stage_results(args, stage: str) -> List[dict]:
     """The stage's results of the chosen workloads that exist."""
     results = []
     for name in args.workloads:
@@ -405,12 +405,12 @@ def oracle_share_table(result: dict) -> List[str]:
 
 
 def report(args) -> None:
-    lines, simulated = [], written(args, "simulate")
+    lines, simulated = [], stage_results(args, "simulate")
     for result in simulated:
         lines += default_table(result) + oracle_share_table(result)
     for result in simulated:
         lines += study_tables(result)
-    for result in written(args, "breakdown"):
+    for result in stage_results(args, "breakdown"):
         lines += breakdown_table(result)
     path = os.path.join(args.output, "report.md")
     write_text_atomic(path, "\n".join(lines) + "\n")
@@ -482,7 +482,7 @@ def plot(args) -> None:
     panels = [("short P99 e2e (s)", lambda m: m["short"]["e2e_p99_s"], True),
               ("long P99 e2e (s)", lambda m: m["long"]["e2e_p99_s"], True),
               ("throughput (tok/s)", lambda m: m["all"]["throughput_tok_s"], False)]
-    for result in written(args, "simulate"):
+    for result in stage_results(args, "simulate"):
         name = result["workload"]
         setups = list(dict.fromkeys(row["setup"] for row in result["rows"]))
         figures = {  # every policy with OUTLETS' deployed r̂₀; and, for the method's workload, the predictors

@@ -11,6 +11,7 @@ SGLang's code, which must make the same decision.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from array import array
@@ -40,13 +41,16 @@ KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default) and the simula
 
 @dataclass(frozen=True)
 class Held:
-    """A request as both sides see it: prompt tokens, output tokens so far, max_new_tokens, predicted output length."""
+    """A request as both sides see it: prompt tokens, output tokens so far, max_new_tokens, predicted output
+    length, arrival time and retractions so far (the last three: what the plugin's orders read)."""
 
     rid: str
     prompt: int
     generated: int
     max_new: int
     predicted: Optional[float] = None
+    arrival: float = 0.0
+    retractions: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -79,19 +83,22 @@ def sglang_req(held: Held):
     params.normalize(None)
     req = Req(held.rid, "", array("q", [1] * held.prompt), params)
     req.output_ids.extend([2] * held.generated)
-    if held.predicted is not None:
-        from sglang_patches import predictions
+    req.retraction_count = held.retractions
+    from sglang_patches import predictions
 
+    setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
+    if held.predicted is not None:
         predictions.set_prediction(req, held.predicted, "external")
     return req
 
 
 @pytest.fixture
 def plugin_kv_admission(monkeypatch):
-    """The plugin's KV admission by prediction around SGLang's ``PrefillAdder``, as ``--schedule-policy outlets
-    --outlets-kv-margin KV_MARGIN`` installs it."""
+    """The plugin's KV admission by prediction around SGLang's ``PrefillAdder`` and its retraction order
+    around ``ScheduleBatch``, as ``--schedule-policy outlets --outlets-kv-margin KV_MARGIN`` installs them."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
-    from sglang_patches import kv_admission, state
+    from sglang_patches import kv_admission, ordering, state
     from sglang_patches.settings import ENV_KV_MARGIN
 
     monkeypatch.setenv(ENV_KV_MARGIN, str(KV_MARGIN))
@@ -102,6 +109,9 @@ def plugin_kv_admission(monkeypatch):
                         lambda self, req: kv_admission.running_token_offset_around(offset, self, req))
     monkeypatch.setattr(PrefillAdder, "add_one_req",
                         lambda self, req, *a, **k: kv_admission.add_one_req_around(add_one_req, self, req, *a, **k))
+    order = ScheduleBatch._get_decode_retraction_order
+    monkeypatch.setattr(ScheduleBatch, "_get_decode_retraction_order",
+                        staticmethod(lambda reqs: ordering.retraction_order_around(order, reqs)))
     yield
     monkeypatch.undo()
     state.reset_settings()
@@ -151,9 +161,11 @@ def sglang_round(pools, running: List[Held], waiting: List[Held], ratio: float) 
     return len(adder.can_run_list), full
 
 
-def sglang_retraction(pools, running: List[Held]) -> Tuple[List[str], float]:
-    """The requests SGLang's ``retract_decode`` retracts (in order) when the next step does not fit, and the new ratio."""
+def sglang_retraction(pools, running: List[Held], capacity: int = CAPACITY) -> Tuple[List[str], float]:
+    """The requests SGLang's ``retract_decode`` retracts (in order) when the next step does not fit in
+    ``capacity`` tokens, and the new ratio."""
     batch = running_batch(pools, running)
+    pools[0].alloc(CAPACITY - capacity)  # the rest of SGLang's pool held elsewhere
     if batch.check_decode_mem():
         return [], float("nan")
     # filter_batch also slices the batch's device tensors, which a batch that never ran has none of;
@@ -170,7 +182,13 @@ def sglang_retraction(pools, running: List[Held]) -> Tuple[List[str], float]:
 def held_of(engine: EngineInstance, request) -> Held:
     generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
     return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request),
-                request.predicted_at(generated))
+                request.predicted_at(generated), request.arrival_time, request.retractions)
+
+
+def pop_order(queue, now: float) -> list:
+    """The waiting requests in the order the queue would admit them at ``now`` (a copy is emptied)."""
+    queue = copy.deepcopy(queue)
+    return [queue.pop_request(now) for _ in range(len(queue))]
 
 
 class Recorder:
@@ -186,8 +204,8 @@ class Recorder:
             # chunks by its own rule (add_chunked_req), the simulator as it charged the prompt at admission
             compared = bool(engine.queue) and not (engine.batch_is_full and engine.running) and not engine.prefilling
             waiting = len(engine.queue)
-            state = ([held_of(engine, r) for r in engine.running.values()], [held_of(engine, r) for r in engine.queue],
-                     engine.new_token_ratio.current)
+            state = ([held_of(engine, r) for r in engine.running.values()],
+                     [held_of(engine, r) for r in pop_order(engine.queue, now)], engine.new_token_ratio.current)
             round_(engine, now)
             if compared:
                 recorder.rounds.append((*state, waiting - len(engine.queue), engine.batch_is_full))
@@ -279,7 +297,7 @@ def test_every_retraction_of_the_simulator_is_sglangs(sglang_pools, busy_trace, 
 def test_kv_admission_by_prediction_decides_as_sglang_with_the_plugin(sglang_pools, busy_trace, rough_predictions,
                                                                      plugin_kv_admission, monkeypatch):
     recorder = Recorder(monkeypatch)
-    result = run_sglang_admission(busy_trace, predictions=rough_predictions)
+    result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions)  # the plugin's order, as it runs
     assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
     assert len(recorder.rounds) > 20 and any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)
     assert any(held.predicted is None for running, *_ in recorder.rounds for held in running)  # SGLang's charge too
@@ -293,18 +311,23 @@ def test_kv_admission_by_prediction_decides_as_sglang_with_the_plugin(sglang_poo
 # --- states at the edges: a token either way of each decision ------------------------------------
 
 
-def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], ratio: float) -> EngineInstance:
+def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], ratio: float,
+                    admission: str = "sglang", queue: str = "fcfs") -> EngineInstance:
     """A simulated instance holding ``running`` (each ``max_new`` its asked max_new_tokens) with ``waiting`` queued."""
     from specforge_outlets.simulation.engine import SimRequest
 
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": capacity,
-                                        "max_new_tokens": 1, "kv_admission": "sglang"}, "test")
+                                        "max_new_tokens": 1, "kv_admission": admission,
+                                        "kv_prediction_margin": KV_MARGIN}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy("fcfs")),
+    engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy(queue)),
                         SchedulingConfig()).engines[0]
     engine.steps_done = 10_000
     for held in running:
-        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, None, 0)  # asks max(1, output) = max_new
+        # asks max(1, output) = max_new
+        request = SimRequest(int(held.rid), held.arrival, held.prompt, held.max_new, held.predicted, 0)
+        request.reveal_prediction()
+        request.retractions = held.retractions
         request.join_step = engine.steps_done - (held.generated - 1)
         request.finish_step = engine.steps_done + held.max_new - held.generated
         engine.running[request.index] = request
@@ -386,3 +409,24 @@ def test_retraction_with_ties_in_output_tokens_is_sglangs(sglang_pools):
             retracted, ratio, _ = batch.retract_decode()
             assert sorted(gone) == sorted(r.rid for r in retracted), (running, capacity)
             assert engine.new_token_ratio.current == pytest.approx(ratio, rel=1e-12)
+
+
+def test_retraction_with_ties_in_the_plugins_order_is_the_plugins(sglang_pools, plugin_kv_admission):
+    """Equal keys (prediction, tokens, arrival, retractions): both retract the latest to join first."""
+    rng = np.random.default_rng(2)
+    retracted_some = 0
+    for case in range(30):
+        count = int(rng.integers(2, 6))
+        generated = rng.choice([3, 3, 8], size=count)
+        predicted = rng.choice([None, 40.0, 40.0], size=count)
+        running = [Held(str(i), 100, int(g), 2000, p, arrival=0.0) for i, (g, p) in enumerate(zip(generated, predicted))]
+        held = sum(h.prompt + h.generated - 1 for h in running)
+        for short in range(1, min(count, 3) + 1):  # the next step is short of this many tokens
+            capacity = held + count - short
+            engine = engine_in_state(capacity, running, [], 0.5, admission="predicted", queue="tail-safe")
+            engine._make_room(0.0)
+            gone = sorted(str(i) for i in range(count) if i not in engine.running)
+            expected, _ = sglang_retraction(sglang_pools, running, capacity)
+            assert gone == sorted(expected), (running, capacity)
+            retracted_some += bool(gone)
+    assert retracted_some > 30

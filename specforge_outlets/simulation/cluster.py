@@ -48,7 +48,8 @@ class KVAdmission(Enum):
     # admission the plugin does not hook): a reservation of prompt + generated + that budget, at most
     # what is left of max_new_tokens (the full reservation without a prediction, and after a
     # retraction), re-sized when the prediction arrives. When the cache fills, the longest predicted
-    # remaining is retracted and recomputed later
+    # remaining is retracted and recomputed later. Under SGLang's own orders (fcfs, lof, ...), which no
+    # plugin server runs with it, a what-if: the plugin's charge with SGLang's retraction order
     PREDICTED = "predicted"
     # SGLang 0.5.23's own (sglang_admission.py): running requests charged min(max_new_tokens -
     # generated, 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096);

@@ -229,7 +229,7 @@ class EngineInstance:
     rounds charge the running requests a decaying share of their remaining ``max_new_tokens``, a
     refused round waits for a running request to leave, a running request holds the KV of its prompt
     and its output but the last token (which the next step writes), and a full cache retracts the
-    fewest-generated first (the plugin's order for the plugin's sjf and tail-safe). On a colocated
+    fewest-generated first (``retraction_order_key`` under the plugin's sjf and tail-safe). On a colocated
     instance, ``predicted`` and ``quantile`` run these rounds too, as the plugin does on SGLang: a
     predicted request is charged its predicted budget (``_predicted_budget``) where SGLang would
     charge its share of ``max_new_tokens``, whether it runs or is being admitted (after a retraction
@@ -341,12 +341,12 @@ class EngineInstance:
             self._cut_segment(now)
 
     def _reservation(self, request: SimRequest, generated: Optional[int] = None) -> int:
-        """KV tokens to reserve for a request with ``generated`` tokens (default: as it is admitted)."""
+        """KV tokens to reserve for a request with ``generated`` tokens (default: as it is admitted), never
+        above its full reservation."""
         generated = request.num_generated_tokens if generated is None else generated
         if (self.sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
                 or request.retractions):
             return request.full_reservation
-        # never above the full reservation
         return request.input_len + generated + self._predicted_budget(
             request, generated, max(self.sim.cluster.max_new_tokens - generated, 0))
 
@@ -539,7 +539,8 @@ class EngineInstance:
             return min(reversed(self.running.values()), key=lambda r: sglang_admission.retraction_victim_key(
                 1 + self.steps_done - r.join_step, r.input_len))
         config = self.sim.scheduling
-        return max(self.running.values(), key=lambda r: retraction_order_key(
+        # max takes the first of equal keys: reversed, the latest to join (the plugin's stable sort, popped from the end)
+        return max(reversed(self.running.values()), key=lambda r: retraction_order_key(
             r.predicted_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step, r.arrival_time,
             r.retractions, config))
 
