@@ -211,14 +211,18 @@ class TestKVAdmissionOfNewRequests:
 
     ARGS = ["--max-total-tokens", "700", "--max-running-requests", "8", "--disable-radix-cache"]
 
-    def largest_prefill_batch(self, target, log_dir, args):
+    # total-length quantiles at the default levels (0.1, 0.25, 0.5, 0.75, 0.9): a median of 5 tokens,
+    # an upper tail close to max_new_tokens
+    QUANTILES = [2.0, 3.0, 5.0, 300.0, 390.0]
+
+    def largest_prefill_batch(self, target, log_dir, args, custom=None):
         server = start_server(target, log_dir, self.ARGS + args)
         try:
             texts = [f"{PROMPT} {index}" for index in range(4)]
             stops = [server.generate(text, max_new_tokens=2)["output_ids"][1] for text in texts]
             before = len(server.log_text())
             params = [{"max_new_tokens": 400, "temperature": 0, "stop_token_ids": [stop],
-                       "custom_params": {"outlets_predicted_output_len": 5}} for stop in stops]
+                       "custom_params": custom or {"outlets_predicted_output_len": 5}} for stop in stops]
             responses = server.post("/generate", {"text": texts, "sampling_params": params})  # one batch: together
             log = server.log_text()[before:]
         finally:
@@ -234,3 +238,13 @@ class TestKVAdmissionOfNewRequests:
         predicted = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-outlets")),
                                                ["--schedule-policy", "outlets", "--outlets-kv-margin", "0.2"])
         assert stock <= 2 < predicted == 4, (stock, predicted)
+
+    def test_a_request_being_admitted_is_charged_the_chosen_quantile(self, chat_target, tmp_path_factory):
+        """``--outlets-kv-quantile``: the same requests, charged their median (5) or their q0.9 (390)."""
+        custom = {"outlets_predicted_quantiles": self.QUANTILES}
+        outlets = ["--schedule-policy", "outlets", "--outlets-kv-margin", "0.2", "--outlets-kv-quantile"]
+        median = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-q50")), outlets + ["0.5"],
+                                            custom)
+        upper = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-q90")), outlets + ["0.9"],
+                                           custom)
+        assert upper <= 2 < median == 4, (upper, median)
