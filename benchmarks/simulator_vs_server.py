@@ -125,17 +125,19 @@ def workload(args) -> Trace:
                  np.array([sent[i]["prompt_len"] for i in ids]), np.array([lengths[i] for i in ids]))
 
 
-def predictions_of(args, predictor: str, trace: Trace) -> Tuple[list, Optional[list]]:
-    """Each request's point prediction as the study sent it, and its total-length quantiles where the file has them."""
+def predictions_of(args, predictor: str, trace: Trace) -> Tuple[list, Optional[list], Optional[Tuple[float, ...]]]:
+    """Each request's point prediction as the study sent it, and where the file has them its total-length
+    quantiles and their levels."""
     if predictor == "none":
-        return [None] * len(trace), None
+        return [None] * len(trace), None, None
     if predictor == "oracle":
-        return trace.output_lens.astype(float).tolist(), None
+        return trace.output_lens.astype(float).tolist(), None, None
     path = study.predictions_path(args.runs_dir, predictor)
     by_id = predictions_by_id(path)
     quantiles = read_file_quantiles(path)
-    return ([float(by_id[i]) for i in trace.ids],
-            [quantiles.static.get(i) for i in trace.ids] if quantiles.levels is not None else None)
+    if quantiles.levels is None:
+        return [float(by_id[i]) for i in trace.ids], None, None
+    return [float(by_id[i]) for i in trace.ids], [quantiles.static.get(i) for i in trace.ids], quantiles.levels
 
 
 def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, dict]:
@@ -147,11 +149,8 @@ def simulate(args, coefficients: Dict[str, float], trace: Trace) -> Dict[tuple, 
         cluster = cluster_config_from_dict({**base, "kv_admission": run.kv_admission, **dict(run.cluster)},
                                            "simulator check")
         policy = Policy(routing_policy("round-robin"), queue_policy(run.queue))
-        points, quantiles = predictions_of(args, predictor, trace)
-        scheduling = SchedulingConfig(**dict(run.scheduling))
-        if quantiles is not None:
-            scheduling = dataclasses.replace(scheduling, quantile_levels=read_file_quantiles(
-                study.predictions_path(args.runs_dir, predictor)).levels)
+        points, quantiles, levels = predictions_of(args, predictor, trace)
+        scheduling = SchedulingConfig(**dict(run.scheduling), **({"quantile_levels": levels} if levels else {}))
         result = Simulation(trace, points, cluster, policy, scheduling, quantiles=quantiles).run()
         metrics = summarize(result, study.SHORT_THRESHOLD)
         results[(server, predictor)] = {

@@ -361,14 +361,19 @@ class EngineInstance:
         return predicted_output_budget(request.predicted_at(generated), generated, cluster.kv_prediction_margin, cap,
                                        self.sim.scheduling)
 
+    def _plugin_budget(self, request: SimRequest, generated: int) -> Optional[int]:
+        """The plugin's charge (``sglang_patches.kv_admission._predicted_budget``): a predicted request's
+        budget, at most what is left of its clipped ``max_new_tokens``; None to charge as SGLang does."""
+        if not self.charge_by_prediction or request.predicted_at(generated) is None:
+            return None
+        cap = min(max(self._max_new_tokens(request) - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
+        return self._predicted_budget(request, generated, cap)
+
     def _asked_max_new_tokens(self, request: SimRequest, generated: int) -> int:
         """``max_new_tokens`` as SGLang's admission arithmetic reads it: the plugin has a predicted
         request ask for its tokens so far plus its predicted budget (``add_one_req_around``)."""
-        max_new = self._max_new_tokens(request)
-        if not self.charge_by_prediction or request.predicted_at(generated) is None:
-            return max_new
-        cap = min(max(max_new - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
-        return generated + self._predicted_budget(request, generated, cap)
+        budget = self._plugin_budget(request, generated)
+        return self._max_new_tokens(request) if budget is None else generated + budget
 
     def _reserved(self, now: float) -> int:
         """KV tokens the admission sees reserved. With dynamic predictions, or a quantile charge, a
@@ -485,10 +490,10 @@ class EngineInstance:
     def _running_charge(self, request: SimRequest, generated: int, ratio: float) -> float:
         """KV tokens a running request is charged on top of what it holds: the plugin's predicted budget
         (``running_token_offset_around``: no ratio), else SGLang's share of its remaining max_new_tokens."""
-        if self.charge_by_prediction and request.predicted_at(generated) is not None:
-            cap = min(max(self._max_new_tokens(request) - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
-            return self._predicted_budget(request, generated, cap)
-        return sglang_admission.running_charge(self._max_new_tokens(request), generated, ratio)
+        budget = self._plugin_budget(request, generated)
+        if budget is None:
+            return sglang_admission.running_charge(self._max_new_tokens(request), generated, ratio)
+        return budget
 
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
