@@ -254,17 +254,22 @@ def rough_predictions(busy_trace):
             for length, factor in zip(busy_trace.output_lens, factors)]
 
 
-def test_the_ratio_is_sglangs_tracker():
+@pytest.mark.parametrize("conservativeness,min_factor,decay_steps", [(1.0, 0.14, 600), (0.5, 0.05, 150), (1.6, 0.3, 900)])
+def test_the_ratio_is_sglangs_tracker(monkeypatch, conservativeness, min_factor, decay_steps):
+    """SGLang's defaults, and the knobs tuned (--schedule-conservativeness and the two environment variables)."""
     from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
     from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    publish(ServerArgs(model_path="dummy", device="cpu"), role="test", ranks=SpawnRanks(world_rank=0))
+    monkeypatch.setenv("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", str(min_factor))
+    monkeypatch.setenv("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", str(decay_steps))
+    publish(ServerArgs(model_path="dummy", device="cpu", schedule_conservativeness=conservativeness), role="test",
+            ranks=SpawnRanks(world_rank=0))
     try:
         tracker = NewTokenRatioTracker.from_config()
     finally:
         reset_context()
-    ours = sglang_admission.NewTokenRatio()
+    ours = sglang_admission.NewTokenRatio.tuned(conservativeness, min_factor, decay_steps)
     assert (ours.init, ours.minimum, ours.decay) == pytest.approx((tracker.init, tracker.min, tracker.decay), abs=0)
     for steps in (1, 7, 250, 400, 3):  # past the minimum too
         for _ in range(steps):

@@ -105,6 +105,11 @@ class ClusterConfig:
     kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
     kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
     kv_quantile: float = DEFAULT_KV_QUANTILE  # quantile admission: the level of the remaining length reserved
+    # SGLang's new_token_ratio knobs (its admission, and the plugin's, which keeps it for requests without a
+    # prediction): --schedule-conservativeness, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+    schedule_conservativeness: float = 1.0
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
     # power-of-two routing: seconds between the router's polls of every instance's load (sglang-router's
     # LoadMonitor); 0: the router reads the loads at every dispatch, as the other routers do
     load_poll_interval_s: float = DEFAULT_LOAD_POLL_INTERVAL_S
@@ -138,11 +143,12 @@ class ClusterConfig:
 _ENUM_FIELDS = {"mode": ClusterMode, "predict_at": PredictionPoint, "kv_admission": KVAdmission}
 _POSITIVE_INT_FIELDS = (
     "prefill_instances", "decode_instances", "instances", "max_running_requests", "max_new_tokens",
-    "max_prefill_tokens", "chunked_prefill_size",
+    "max_prefill_tokens", "chunked_prefill_size", "new_token_ratio_decay_steps",
 )
-_POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu")
+_POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu",
+                          "schedule_conservativeness")
 _NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin",
-                              "load_poll_interval_s")
+                              "load_poll_interval_s", "min_new_token_ratio_factor")
 
 
 def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConfig:

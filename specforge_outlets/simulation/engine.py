@@ -263,7 +263,9 @@ class EngineInstance:
         if self.vllm:  # read under vLLM's admission only
             self.usable_blocks = self.vllm.usable_blocks(self.capacity)  # vLLM's pool
             self.watermark_blocks = self.vllm.watermark_blocks(self.capacity)
-        self.new_token_ratio = sglang_admission.NewTokenRatio()
+        cluster = sim.cluster
+        self.new_token_ratio = sglang_admission.NewTokenRatio.tuned(
+            cluster.schedule_conservativeness, cluster.min_new_token_ratio_factor, cluster.new_token_ratio_decay_steps)
         self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
         # SGLang's own retraction order, unless the plugin's order runs (it hooks the retraction order too)
         self.sglang_retraction = not isinstance(sim.policy.queue, QueuePolicy) or sim.policy.queue is QueuePolicy.FCFS

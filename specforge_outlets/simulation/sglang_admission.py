@@ -24,13 +24,14 @@ and after a retraction is re-estimated from the requests left running. When the 
 does not fit, the running request with the fewest output tokens (ties: the longest prompt, then the
 latest to join the batch) is retracted, and the next, until it fits; one is always kept.
 
-Assumed as the simulator's servers run: page size 1, no prefix cache (``--disable-radix-cache``),
-no ``ignore_eos``, ``--schedule-conservativeness 1``, full attention, no speculative decoding.
+The ratio's knobs (``--schedule-conservativeness`` and two environment variables) are the cluster's
+(``ClusterConfig``), SGLang's defaults unless a study tunes them. Assumed as the simulator's servers run: page size 1, no prefix cache (``--disable-radix-cache``),
+no ``ignore_eos``, full attention, no speculative decoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Tuple
 
 # SGLang's CLIP_MAX_NEW_TOKENS (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, schedule_policy.py): the most
@@ -53,18 +54,30 @@ PAGE_SIZE = 1
 
 @dataclass
 class NewTokenRatio:
-    """``NewTokenRatioTracker`` with ``schedule_conservativeness`` 1."""
+    """``NewTokenRatioTracker.from_config()``: SGLang's defaults, or the knobs an operator tunes it by
+    (:meth:`tuned`), so that a study can compare the plugin with SGLang at its best, not only its default."""
 
     init: float = INIT_NEW_TOKEN_RATIO
-    current: float = INIT_NEW_TOKEN_RATIO
+    min_factor: float = MIN_NEW_TOKEN_RATIO_FACTOR
+    steps_to_minimum: int = NEW_TOKEN_RATIO_DECAY_STEPS
+    current: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.current = self.init
+
+    @classmethod
+    def tuned(cls, conservativeness: float, min_factor: float, decay_steps: int) -> "NewTokenRatio":
+        """``--schedule-conservativeness``, ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``, ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``:
+        the initial ratio is 0.7 x the conservativeness (at most 1), the minimum that x the factor."""
+        return cls(min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0), min_factor, decay_steps)
 
     @property
     def minimum(self) -> float:
-        return min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        return min(self.init * self.min_factor, 1.0)
 
     @property
     def decay(self) -> float:
-        return (self.init - self.minimum) / NEW_TOKEN_RATIO_DECAY_STEPS
+        return (self.init - self.minimum) / self.steps_to_minimum
 
     def decay_steps(self, steps: int) -> None:
         """``decay_step`` once per decode step run without a retraction (the same float steps as SGLang's)."""
