@@ -286,3 +286,40 @@ def _check_levels(path: str, found: Tuple[float, ...], levels: Sequence[float]) 
     if tuple(found) != tuple(float(level) for level in levels):
         raise OutletsError(f"--predictions {path}: quantile_levels {list(found)} differ from the scheduling "
                            f"config's quantile_levels {list(levels)}; simulate with the file's levels")
+
+
+# --- the ladder's reference predictors (issue 35) ---------------------------------------------------
+# Rungs that bracket the learned predictors: what prediction is worth with no per-request information
+# (a constant, the same values shuffled across requests) and with the most a predictor of the prompt
+# alone could know (the per-prompt ceiling). A study places each learned predictor between them.
+
+
+def constant_predictions(value: float, count: int) -> List[float]:
+    """The same prediction for every request (e.g. the train split's median): a length scale, no ranking."""
+    if not (value > 0 and math.isfinite(value)):
+        raise OutletsError(f"a constant prediction must be a positive number of tokens, got {value}")
+    return [float(value)] * count
+
+
+def shuffled_predictions(predictions: Sequence[float], seed: int) -> List[float]:
+    """A predictor's values permuted across the requests: the same distribution of predictions, so the same
+    charges in aggregate, but no information about which request is long."""
+    values = np.asarray(predictions, np.float64)
+    return values[np.random.default_rng(seed).permutation(len(values))].tolist()
+
+
+def per_prompt_ceiling(samples: Sequence[Sequence[float]]) -> List[List[float]]:
+    """Each sample of a prompt predicted by the mean length of the prompt's other samples.
+
+    The target samples its answers, so a prompt has a distribution of lengths and a request is one
+    draw: the mean of the other draws is what a predictor that knows the prompt perfectly, and nothing
+    else, would say (up to the noise of a mean of few samples). ``samples``: per prompt, its lengths
+    (at least two); the result has the same shape.
+    """
+    ceiling = []
+    for lengths in samples:
+        values = np.asarray(lengths, np.float64)
+        if values.size < 2:
+            raise OutletsError(f"the per-prompt ceiling needs two or more samples of each prompt, got {values.size}")
+        ceiling.append(((values.sum() - values) / (values.size - 1)).tolist())
+    return ceiling
