@@ -106,9 +106,10 @@ def test_sharegpt_json_array_file(tmp_path):
     path.write_text(json.dumps([
         {"id": "x", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]},
         {"id": "y", "conversations": []},
+        *({"id": f"z{i}", "conversations": [{"from": "human", "value": f"Question {i}"}]} for i in range(4)),
     ]))
     summary = prepare_command.prepare("sharegpt", str(path), str(tmp_path / "o"), True, None, 0)
-    assert summary["kept"] == 1 and summary["skipped_by_reason"] == {"no user turn": 1}
+    assert summary["kept"] == 5 and summary["skipped_by_reason"] == {"no user turn": 1}
 
 
 def test_unknown_dataset_is_a_clear_error(tmp_path, capsys):
@@ -118,6 +119,16 @@ def test_unknown_dataset_is_a_clear_error(tmp_path, capsys):
         prepare_command.prepare("jsonl", None, str(tmp_path), False, None, 0)
     assert cli.main(["prepare", "--dataset", "nope", "--output", str(tmp_path)]) == 2
     assert "outlets prepare: error: --dataset 'nope' is not known" in capsys.readouterr().err
+
+
+def test_a_split_left_empty_is_refused_before_anything_is_written(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "What is 2+2?"}, "{not json",
+                                                      {"id": "b", "prompt": "Name a colour"}])
+    out = tmp_path / "prepared"
+    assert cli.main(["prepare", "--dataset", "jsonl", "--path", source, "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("outlets prepare: error: --dataset jsonl: 2 usable rows") and "test split empty" in err
+    assert "\n" not in err and not out.exists()
 
 
 def test_builtin_prompt_set_is_varied():

@@ -94,6 +94,13 @@ def prepare(
         rows = sample_rows(rows, max_samples, seed)
     groups = prompt_groups([prompt_text(row) for row in rows])
     train, test = split_rows(rows, seed=seed, groups=groups)
+    empty = [name for name, split in (("train", train), ("test", test)) if not split]
+    if empty:
+        raise OutletsError(
+            f"--dataset {dataset}: {len(rows)} usable rows in {len(set(groups))} prompt group(s) leave the "
+            f"{' and '.join(empty)} split empty (skipped {sum(reasons.values())}); give at least 5 distinct "
+            "prompts (the split is 4:1 by prompt group)"
+        )
     ungrouped_test = {row["id"] for row in split_rows(rows, seed=seed)[1]}
     os.makedirs(output, exist_ok=True)
     write_jsonl(os.path.join(output, "train.jsonl"), train)
