@@ -27,7 +27,7 @@ STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness
 if STUBS not in sys.path:
     sys.path.insert(0, STUBS)
 
-from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
+from specforge_outlets.scheduling import KVRequest, SchedulingConfig, SGLangAdmission, admission_need  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation import sglang_admission  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
@@ -362,9 +362,8 @@ def test_admission_at_a_token_either_side_of_the_threshold_is_sglangs(sglang_poo
         waiting = [random_held(rng, 10 + i, False) for i in range(3)]
         ratio = float(rng.choice([0.7, 0.5, 0.098, 1.0]))
         held = sum(h.prompt + h.generated - 1 for h in running)
-        charged = sum(sglang_admission.running_charge(h.max_new, h.generated, ratio) for h in running)
-        first = sglang_admission.admission_need(waiting[0].prompt + waiting[0].generated, waiting[0].max_new,
-                                                waiting[0].generated)
+        charged = sum(SGLangAdmission().running_charge(KVRequest(0, h.generated, h.max_new), ratio) for h in running)
+        first = admission_need(waiting[0].prompt + waiting[0].generated, waiting[0].max_new, waiting[0].generated)
         edge = held + int(charged) + first  # the capacity at which the first waiting request starts to fit
         if edge + 3 > CAPACITY:
             continue

@@ -17,7 +17,13 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import DEFAULT_KV_MARGIN, DEFAULT_KV_QUANTILE, DEFAULT_LOAD_POLL_INTERVAL_S
+from specforge_outlets.scheduling import (
+    DEFAULT_KV_MARGIN,
+    DEFAULT_KV_QUANTILE,
+    DEFAULT_LOAD_POLL_INTERVAL_S,
+    VLLM_ADMISSIONS,
+    KVAdmission,
+)
 from specforge_outlets.simulation.hardware import (
     DEFAULT_BANDWIDTH_EFFICIENCY,
     DEFAULT_MEMORY_FRACTION,
@@ -34,46 +40,6 @@ class ClusterMode(Enum):
 
     DISAGGREGATED = "disaggregated"  # prefill instances, KV transfer, decode instances
     COLOCATED = "colocated"  # each instance runs continuous batching with chunked prefill
-
-
-class KVAdmission(Enum):
-    """How much KV cache a request reserves when a decode (or colocated) instance admits it."""
-
-    # prompt + max(max_new_tokens, its output): the cache can never overflow, nothing is retracted
-    MAX_NEW_TOKENS = "max-new-tokens"
-    # the plugin's --outlets-kv-margin. Colocated instances: SGLang's admission rounds and retraction
-    # (as sglang) with a predicted request charged its predicted remaining x (1 + kv_prediction_margin)
-    # instead of its share of max_new_tokens, as sglang_patches/kv_admission.py hooks PrefillAdder; a
-    # request not (yet) predicted is charged as SGLang charges it. Disaggregated decode instances (whose
-    # admission the plugin does not hook): a reservation of prompt + generated + that budget, at most
-    # what is left of max_new_tokens (the full reservation without a prediction, and after a
-    # retraction), re-sized when the prediction arrives. When the cache fills, the longest predicted
-    # remaining is retracted and recomputed later. Under SGLang's own orders (fcfs, lof, ...), which no
-    # plugin server runs with it, a what-if: the plugin's charge with SGLang's retraction order
-    PREDICTED = "predicted"
-    # SGLang 0.5.23's own (sglang_admission.py): running requests charged min(max_new_tokens -
-    # generated, 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096);
-    # a full cache retracts the fewest-generated first. Colocated instances only (SGLang's PD decode
-    # instances admit by another rule, disaggregation/decode.py)
-    SGLANG = "sglang"
-    # vLLM 0.34.0's own (vllm_admission.py): nothing reserved ahead, each step allocates whole blocks;
-    # when they run out the last admitted request is preempted, to the front of the queue, and
-    # recomputed; a request is admitted when its whole sequence's blocks are free. Colocated only
-    VLLM = "vllm"
-    # vLLM v0.13's (the paper's baseline; vllm_admission.py): as vllm, but a request is admitted when
-    # its first chunk's blocks are free, and blocks hold 16 tokens. Colocated only
-    VLLM_0_13 = "vllm-0.13"
-    # as predicted, with the kv_quantile-quantile of the predicted remaining length instead of the
-    # prediction x (1 + margin) (scheduling.quantile_output_budget; issue 27): needs a predictor with
-    # quantiles (noisy: a log-normal around its point; a file with quantiles); a request without
-    # quantiles (oracle) reserves its point prediction
-    QUANTILE = "quantile"
-
-
-# the plugin's admissions by prediction (a margin or a quantile of the predicted remaining length)
-PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
-# vLLM's own admissions, one per version modelled (vllm_admission.RULES has each one's rules)
-VLLM_ADMISSIONS = (KVAdmission.VLLM, KVAdmission.VLLM_0_13)
 
 
 class PredictionPoint(Enum):

@@ -27,24 +27,26 @@ import numpy as np
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import (
+    CHARGE_ADMISSIONS,
+    PREDICTION_ADMISSIONS,
+    VLLM_ADMISSIONS,
+    Admission,
+    CacheState,
+    KVAdmission,
+    KVRequest,
     QueuePolicy,
     RankLoad,
     SchedulingConfig,
+    create_admission,
     least_requests_rank,
-    predicted_output_budget,
     predicted_remaining,
-    quantile_output_budget,
     rank_load,
-    request_distribution,
     retraction_order_key,
 )
 from specforge_outlets.simulation import sglang_admission, vllm_admission
 from specforge_outlets.simulation.cluster import (
-    PREDICTION_ADMISSIONS,
-    VLLM_ADMISSIONS,
     ClusterConfig,
     ClusterMode,
-    KVAdmission,
     PredictionPoint,
     check_kv_admission,
 )
@@ -225,13 +227,17 @@ class EngineInstance:
     A retracted request keeps its tokens, goes back to the waiting queue with its original arrival
     time and is recomputed (its prompt and tokens prefilled again) when readmitted.
 
+    The instance acts (it holds the cache, runs the steps and retracts); at each admission round the
+    rule's strategy (``scheduling.kv_admission``, ``create_admission``) decides which waiting requests
+    fit, from a ``CacheState`` the instance builds, as the plugin's hooks ask the same strategy on SGLang.
+
     ``kv_admission: sglang`` runs SGLang's own rules instead (:mod:`sglang_admission`): admission
     rounds charge the running requests a decaying share of their remaining ``max_new_tokens``, a
     refused round waits for a running request to leave, a running request holds the KV of its prompt
     and its output but the last token (which the next step writes), and a full cache retracts the
     fewest-generated first (``retraction_order_key`` under the plugin's sjf and tail-safe). On a colocated
     instance, ``predicted`` and ``quantile`` run these rounds too, as the plugin does on SGLang: a
-    predicted request is charged its predicted budget (``_predicted_budget``) where SGLang would
+    predicted request is charged its predicted budget (``PredictedChargeAdmission``) where SGLang would
     charge its share of ``max_new_tokens``, whether it runs or is being admitted (after a retraction
     too), so the charge falls as it decodes and stays at the floor once it outlives its prediction.
 
@@ -252,18 +258,22 @@ class EngineInstance:
         self.recompute_chunk = chunked_prefill_size or sim.cluster.chunked_prefill_size  # retracted requests
         self.capacity = sim.cluster.kv_capacity()
         self.max_running = sim.cluster.max_running_requests
-        admission = sim.cluster.kv_admission
-        # KV by prediction on a colocated instance is the plugin's (sglang_patches/kv_admission.py): SGLang's
-        # own admission rounds and retraction, with a predicted request charged its predicted budget
-        self.charge_by_prediction = admission in PREDICTION_ADMISSIONS and sim.cluster.mode is ClusterMode.COLOCATED
-        # SGLang's admission rounds (PrefillAdder), its ratio and its retraction check run here
-        self.sglang = admission is KVAdmission.SGLANG or self.charge_by_prediction
+        cluster = sim.cluster
+        # SGLang's admission rounds (PrefillAdder), its ratio and its retraction check run here: its own
+        # charge, or on a colocated instance the plugin's (sglang_patches/kv_admission.py hooks the same rounds)
+        self.sglang = cluster.kv_admission in CHARGE_ADMISSIONS and (
+            cluster.kv_admission is KVAdmission.SGLANG or cluster.mode is ClusterMode.COLOCATED)
         # the vLLM version's rules under vLLM's admission, else None
-        self.vllm: Optional[vllm_admission.VLLMRules] = vllm_admission.RULES.get(sim.cluster.kv_admission)
+        self.vllm: Optional[vllm_admission.VLLMRules] = vllm_admission.RULES.get(cluster.kv_admission)
+        watermark = 0
         if self.vllm:  # read under vLLM's admission only
             self.usable_blocks = self.vllm.usable_blocks(self.capacity)  # vLLM's pool
-            self.watermark_blocks = self.vllm.watermark_blocks(self.capacity)
-        cluster = sim.cluster
+            watermark = self.vllm.watermark_blocks(self.capacity)
+        # the rule that decides (max-new-tokens has none: every request reserves its full length); on a
+        # disaggregated decode instance the plugin's charge sizes a per-request reservation (_reservation)
+        self.admission: Optional[Admission] = None if cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS else (
+            create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_prediction_margin, cluster.kv_quantile,
+                             self.vllm, watermark))
         self.new_token_ratio = sglang_admission.NewTokenRatio.tuned(
             cluster.schedule_conservativeness, cluster.min_new_token_ratio_factor, cluster.new_token_ratio_decay_steps)
         self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
@@ -349,33 +359,14 @@ class EngineInstance:
         if (self.sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS or request.predicted_output_len is None
                 or request.retractions):
             return request.full_reservation
-        return request.input_len + generated + self._predicted_budget(
-            request, generated, max(self.sim.cluster.max_new_tokens - generated, 0))
+        # the plugin's charge as a reservation, capped by the cluster's max_new_tokens (not the request's)
+        return request.input_len + generated + self.admission.output_budget(KVRequest(
+            0, generated, self.sim.cluster.max_new_tokens, request.predicted_at(generated), request.quantiles_at(generated)))
 
-    def _predicted_budget(self, request: SimRequest, generated: int, cap: int) -> int:
-        """Output tokens of KV a predicted request is charged from now on, at most ``cap``: its predicted
-        remaining x (1 + margin), or the ``kv_quantile``-quantile of its remaining length."""
-        cluster = self.sim.cluster
-        if cluster.kv_admission is KVAdmission.QUANTILE:
-            distribution = request_distribution(request.predicted_at(generated), request.quantiles_at(generated),
-                                                self.sim.scheduling)
-            return quantile_output_budget(distribution, generated, cluster.kv_quantile, cap)
-        return predicted_output_budget(request.predicted_at(generated), generated, cluster.kv_prediction_margin, cap,
-                                       self.sim.scheduling)
-
-    def _plugin_budget(self, request: SimRequest, generated: int) -> Optional[int]:
-        """The plugin's charge (``sglang_patches.kv_admission._predicted_budget``): a predicted request's
-        budget, at most what is left of its clipped ``max_new_tokens``; None to charge as SGLang does."""
-        if not self.charge_by_prediction or request.predicted_at(generated) is None:
-            return None
-        cap = min(max(self._max_new_tokens(request) - generated, 0), sglang_admission.CLIP_MAX_NEW_TOKENS)
-        return self._predicted_budget(request, generated, cap)
-
-    def _asked_max_new_tokens(self, request: SimRequest, generated: int) -> int:
-        """``max_new_tokens`` as SGLang's admission arithmetic reads it: the plugin has a predicted
-        request ask for its tokens so far plus its predicted budget (``add_one_req_around``)."""
-        budget = self._plugin_budget(request, generated)
-        return self._max_new_tokens(request) if budget is None else generated + budget
+    def _kv_request(self, request: SimRequest, generated: int) -> KVRequest:
+        """What the admission reads from a request with ``generated`` tokens (its latest predictions)."""
+        return KVRequest(request.prefill_left, generated, self._max_new_tokens(request), request.predicted_at(generated),
+                         request.quantiles_at(generated))
 
     def _reserved(self, now: float) -> int:
         """KV tokens the admission sees reserved. With dynamic predictions, or a quantile charge, a
@@ -403,8 +394,8 @@ class EngineInstance:
             free = self.usable_blocks - sum(self.vllm.blocks_for(r.input_len + 1 + steps - r.join_step)
                                            for r in self.running.values())
             budget = self.recompute_chunk - len(self.running)  # a decode segment: no prompt takes a chunk
-            return self.vllm.admits(self.queue.peek_request(now).prefill_left, budget, free, self.watermark_blocks,
-                                    bool(self.running))
+            round_ = self.admission.open_round(CacheState(free, step_tokens=budget, any_running=bool(self.running)))
+            return round_.admit(self._kv_request(self.queue.peek_request(now), 0))
         needed = self._reservation(self.queue.peek_request(now))
         # in use: the cache after one more step of the running requests (never above the
         # reservations when every request reserves its full length)
@@ -466,36 +457,24 @@ class EngineInstance:
             self.batch_is_full = False  # an empty batch has no request left to leave
         if self.batch_is_full or not self.queue:
             return
-        free = self.capacity - self._kv_in_use()
-        ratio = self.new_token_ratio.current
-        charged = sum(self._running_charge(r, 1 + self.steps_done - r.join_step, ratio) for r in self.running.values())
-        # a request still prefilling holds its prompt's KV (in use) and was charged its output at admission
-        charged += sum(sglang_admission.admitted_charge(0, self._max_new_tokens(r)) for r in self.prefilling)
+        round_ = self.admission.open_round(CacheState(
+            self.capacity - self._kv_in_use(),
+            [self._kv_request(r, 1 + self.steps_done - r.join_step) for r in self.running.values()],
+            [self._kv_request(r, r.num_generated_tokens) for r in self.prefilling], self.new_token_ratio.current))
         admitted = 0
         while self.queue:
             if len(self.running) + len(self.prefilling) >= self.max_running:
                 self.batch_is_full = True
                 return
             head = self.queue.peek_request(now)
-            max_new = self._asked_max_new_tokens(head, head.num_generated_tokens)
-            need = sglang_admission.admission_need(head.prefill_left, max_new, head.num_generated_tokens)
-            if not sglang_admission.admits(need, free - charged):
+            if not round_.admit(self._kv_request(head, head.num_generated_tokens)):
                 self.batch_is_full = admitted > 0 or bool(self.running)
                 return
-            charged += sglang_admission.admitted_charge(head.prefill_left, max_new)
             self._take_head(now, 0)
             admitted += 1
-            if free - charged <= 0:  # nothing left: the round ends, the batch is full
+            if round_.exhausted:  # nothing left: the round ends, the batch is full
                 self.batch_is_full = True
                 return
-
-    def _running_charge(self, request: SimRequest, generated: int, ratio: float) -> float:
-        """KV tokens a running request is charged on top of what it holds: the plugin's predicted budget
-        (``running_token_offset_around``: no ratio), else SGLang's share of its remaining max_new_tokens."""
-        budget = self._plugin_budget(request, generated)
-        if budget is None:
-            return sglang_admission.running_charge(self._max_new_tokens(request), generated, ratio)
-        return budget
 
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
@@ -599,14 +578,11 @@ class EngineInstance:
         if kept < len(order):
             return True  # no admission in a step that preempted
         free -= sum(needed - held for held, needed in blocks)
-        budget = self.recompute_chunk - len(decoding) - sum(chunks.values())
-        while self.queue and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
-            tokens = self.queue.peek_request(now).prefill_left
-            if not self.vllm.admits(tokens, budget, free, self.watermark_blocks, bool(self.running or self.prefilling)):
-                break
-            chunk = min(tokens, budget)
-            free -= blocks_for(chunk)
-            budget -= chunk
+        round_ = self.admission.open_round(CacheState(
+            free, step_tokens=self.recompute_chunk - len(decoding) - sum(chunks.values()),
+            any_running=bool(self.running or self.prefilling)))
+        while (self.queue and not round_.exhausted and len(self.running) + len(self.prefilling) < self.max_running
+               and round_.admit(self._kv_request(self.queue.peek_request(now), 0))):
             self._take_head(now, 0)
         return False
 

@@ -8,7 +8,8 @@ new_token_ratio_tracker.py``, ``srt/managers/schedule_batch.py`` (``retract_deco
 ``update_running_batch``). tests/test_sglang_admission.py drives those classes and this module with the
 same requests and cache states and asserts the same decisions.
 
-One admission round (``PrefillAdder``), with the cache holding ``free`` tokens:
+One admission round (``PrefillAdder``; its arithmetic is the scheduling core's ``SGLangAdmission``,
+which the plugin's charges extend), with the cache holding ``free`` tokens:
 
 - every running request with ``g`` output tokens of ``max_new_tokens`` m is charged
   ``min(m - g, CLIP_MAX_NEW_TOKENS) x ratio`` on top of the KV it holds;
@@ -34,9 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Tuple
 
-# SGLang's CLIP_MAX_NEW_TOKENS (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, schedule_policy.py): the most
-# output tokens admission counts per request, whatever its max_new_tokens.
-CLIP_MAX_NEW_TOKENS = 4096
 # SGLANG_INIT_NEW_TOKEN_RATIO (srt/environ.py): the share of a running request's remaining
 # max_new_tokens charged at start, and after every reset.
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -47,9 +45,6 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 # SGLANG_RETRACT_DECODE_STEPS: output tokens per request still running that the ratio
 # re-estimated after a retraction counts on top of those generated.
 RETRACT_DECODE_STEPS = 20
-# The KV pool's page size on the simulated servers (SGLang's default, 1): admission adds one page
-# per request for alignment.
-PAGE_SIZE = 1
 
 
 @dataclass
@@ -93,26 +88,6 @@ class NewTokenRatio:
         generated = sum(g for g, _ in running)
         asked = sum(m for _, m in running)
         self.current = min(1.0, (generated + RETRACT_DECODE_STEPS * len(running)) / (asked + 1))
-
-
-def running_charge(max_new_tokens: int, generated: int, ratio: float) -> float:
-    """KV tokens a running request is charged on top of what it holds."""
-    return min(max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) * ratio
-
-
-def admission_need(extend: int, max_new_tokens: int, generated: int) -> int:
-    """KV tokens a waiting request asks for; it is admitted when more than these are left (``admits``)."""
-    return extend + min(max(max_new_tokens - generated, 0), CLIP_MAX_NEW_TOKENS) + PAGE_SIZE
-
-
-def admitted_charge(extend: int, max_new_tokens: int) -> int:
-    """KV tokens an admitted request is charged for the rest of the round (its prefill's included)."""
-    return extend + PAGE_SIZE + min(max_new_tokens, CLIP_MAX_NEW_TOKENS)
-
-
-def admits(need: int, free: float) -> bool:
-    """``PrefillBudget.check_prefill``: the request fits when its need is below what is left."""
-    return need < free
 
 
 def retraction_victim_key(generated: int, input_len: int) -> Tuple[int, int]:

@@ -59,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
-from specforge_outlets.simulation.cluster import KVAdmission
+from specforge_outlets.scheduling import KVAdmission
 
 
 @dataclass(frozen=True)

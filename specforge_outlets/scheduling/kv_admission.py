@@ -1,0 +1,279 @@
+"""KV admission: whether an instance's KV cache takes in its next waiting request, one strategy per rule.
+
+Shaped like vLLM v1's ``request_queue.py`` (and :mod:`request_queue` here): a policy enum, an abstract
+strategy, one small class per rule and a factory. The engine acts: it holds the cache, runs the steps,
+retracts and builds a :class:`CacheState` at each admission round; the strategy decides: what each
+request is charged and whether the next waiting one fits. The SGLang plugin
+(``sglang_patches/kv_admission.py``, around SGLang's ``PrefillAdder``) and the simulator
+(``simulation/engine.py``) call the same strategies, so what is simulated is what is served.
+
+The rules on SGLang's ``PrefillAdder`` share its arithmetic (:class:`SGLangAdmission`): a round starts
+from the free KV less a charge per running request, and admits waiting requests in queue order while
+each one's need is below what is left, charging it as it goes. They differ only in the charge:
+
+- SGLang's (``sglang``): a running request ``new_token_ratio`` x its remaining ``max_new_tokens``, a
+  request being admitted all of its remaining ``max_new_tokens``;
+- the plugin's charge by prediction (``predicted``, ``quantile``): a predicted request its predicted
+  remaining x (1 + margin), or a quantile of its predicted remaining length, where SGLang charges
+  its ``max_new_tokens``.
+
+vLLM's (``vllm``, ``vllm-0.13``; its arithmetic is ``simulation/vllm_admission.py``'s) reserves nothing
+ahead: a request is admitted while the blocks of its sequence (v0.13: of its first chunk) are free.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
+
+from specforge_outlets.scheduling.keys import SchedulingConfig, request_distribution
+from specforge_outlets.scheduling.kv_budget import predicted_output_budget, quantile_output_budget
+
+# SGLang's CLIP_MAX_NEW_TOKENS (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, schedule_policy.py): the most
+# output tokens its admission counts per request, whatever the request's max_new_tokens.
+CLIP_MAX_NEW_TOKENS = 4096
+# The KV pool's page size on the simulated and tested servers (SGLang's default, 1): SGLang's
+# admission adds one page per request for alignment.
+PAGE_SIZE = 1
+
+
+class KVAdmission(Enum):
+    """How an instance decides that its KV cache takes in a waiting request."""
+
+    # prompt + max(max_new_tokens, its output) reserved per request: the cache can never overflow,
+    # nothing is retracted (the simulator's reference; no engine admits this way)
+    MAX_NEW_TOKENS = "max-new-tokens"
+    # the plugin's --outlets-kv-margin: SGLang's rounds and retraction with a predicted request charged
+    # its predicted remaining x (1 + margin) instead of its share of max_new_tokens
+    # (PredictedChargeAdmission); a request not (yet) predicted is charged as SGLang charges it. On the
+    # simulator's disaggregated decode instances, whose admission the plugin does not hook: a reservation
+    # of prompt + generated + that budget (the full one without a prediction, and after a retraction).
+    # Under SGLang's own orders (fcfs, lof, ...), which no plugin server runs with it, a what-if: the
+    # plugin's charge with SGLang's retraction order
+    PREDICTED = "predicted"
+    # SGLang 0.5.23's own (SGLangAdmission): running requests charged min(max_new_tokens - generated,
+    # 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096)
+    SGLANG = "sglang"
+    # vLLM 0.34.0's own (VLLMAdmission with simulation/vllm_admission.py's rules): nothing reserved
+    # ahead, a request admitted when its whole sequence's blocks are free
+    VLLM = "vllm"
+    # vLLM v0.13's (the paper's baseline): as vllm, but admitted when its first chunk's blocks are free,
+    # in blocks of 16 tokens
+    VLLM_0_13 = "vllm-0.13"
+    # the plugin's --outlets-kv-quantile: as predicted, with a quantile of the predicted remaining
+    # length instead of the prediction x (1 + margin) (QuantileChargeAdmission; issue 27); a request
+    # without quantiles (the oracle) is charged its point prediction
+    QUANTILE = "quantile"
+
+
+# the plugin's charges by prediction (a margin or a quantile of the predicted remaining length)
+PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
+# SGLang's PrefillAdder rounds: its own charge and the plugin's
+CHARGE_ADMISSIONS = (KVAdmission.SGLANG,) + PREDICTION_ADMISSIONS
+# vLLM's own admissions, one per version modelled
+VLLM_ADMISSIONS = (KVAdmission.VLLM, KVAdmission.VLLM_0_13)
+
+
+class KVRequest(NamedTuple):
+    """What admission reads from one request; the engine builds one per request and round."""
+
+    extend: int  # tokens its next prefill computes: a waiting request's prompt, plus the output a retracted one recomputes
+    generated: int  # output tokens so far
+    max_new_tokens: int  # what its client asked for
+    predicted_output_len: Optional[float] = None  # latest predicted total output length; None: not predicted
+    predicted_output_quantiles: Optional[Tuple[float, ...]] = None  # at the scheduling config's levels
+    ignore_eos: bool = False  # it runs to max_new_tokens whatever is predicted
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """An instance's KV cache as an admission round starts."""
+
+    free: float  # KV free now: tokens (SGLang: available + evictable), or blocks for a block-based rule
+    running: Sequence[KVRequest] = ()  # decoding requests
+    prefilling: Sequence[KVRequest] = ()  # admitted, prompt still being prefilled (charged at admission)
+    ratio: float = 0.0  # SGLang's new_token_ratio
+    step_tokens: int = 0  # vLLM: tokens left of the step's budget (max_num_batched_tokens)
+    any_running: bool = False  # vLLM's watermark applies while any request runs
+
+
+class AdmissionRound(ABC):
+    """One admission round: asked about the waiting requests in queue order, it stops at the first refused."""
+
+    @abstractmethod
+    def admit(self, request: KVRequest) -> bool:
+        """Whether the request fits; if it does, it counts as admitted for the rest of the round."""
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing is left: the round ends after an admission (SGLang then marks its batch full)."""
+        return False
+
+
+class Admission(ABC):
+    """One KV admission rule."""
+
+    @abstractmethod
+    def open_round(self, state: CacheState) -> AdmissionRound:
+        """Start an admission round on a cache in ``state``."""
+
+
+class SGLangAdmission(Admission):
+    """SGLang 0.5.23's ``PrefillAdder``; subclasses change only what a request is charged (:meth:`output_budget`).
+
+    A running request with ``g`` output tokens of ``max_new_tokens`` m is charged ``min(m - g, CLIP) x
+    ratio`` on top of the KV it holds (``_get_running_request_total_token_offset``); a waiting request
+    fits when ``extend + min(m - g, CLIP) + PAGE_SIZE`` is below what is left, strictly (``add_one_req``,
+    ``PrefillBudget.check_prefill``), and once admitted is charged ``extend + PAGE_SIZE + min(m, CLIP)``
+    for the rest of the round, its whole ``max_new_tokens`` even after a retraction
+    (``_select_prefill_admission``).
+    """
+
+    def output_budget(self, request: KVRequest) -> Optional[int]:
+        """Output KV tokens to charge the request from now on, or None to charge as SGLang does."""
+        return None
+
+    def running_charge(self, request: KVRequest, ratio: float) -> float:
+        """KV tokens a running request is charged on top of what it holds."""
+        budget = self.output_budget(request)
+        if budget is None:
+            return min(request.max_new_tokens - request.generated, CLIP_MAX_NEW_TOKENS) * ratio
+        return budget  # no ratio: the budget is already what is expected to be left
+
+    def asked_max_new_tokens(self, request: KVRequest) -> int:
+        """``max_new_tokens`` as SGLang's arithmetic reads it for a request being admitted: with a budget,
+        its tokens so far plus the budget (the plugin has it ask for that during ``add_one_req``)."""
+        budget = self.output_budget(request)
+        return request.max_new_tokens if budget is None else request.generated + budget
+
+    def open_round(self, state: CacheState) -> AdmissionRound:
+        charged = sum(self.running_charge(request, state.ratio) for request in state.running)
+        # a request still prefilling holds its prompt's KV (in the free count) and was charged its whole
+        # max_new_tokens at admission
+        charged += sum(admitted_charge(0, request.max_new_tokens) for request in state.prefilling)
+        return ChargeRound(self, state.free, charged)
+
+
+class ChargeRound(AdmissionRound):
+    """A round of :class:`SGLangAdmission`: what is left is the free KV less everything charged."""
+
+    def __init__(self, admission: SGLangAdmission, free: float, charged: float) -> None:
+        self.admission, self.free, self.charged = admission, free, charged
+
+    def admit(self, request: KVRequest) -> bool:
+        asked = self.admission.asked_max_new_tokens(request)
+        if not admission_need(request.extend, asked, request.generated) < self.free - self.charged:
+            return False
+        self.charged += admitted_charge(request.extend, asked)
+        return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.free - self.charged <= 0
+
+
+def admission_need(extend: int, max_new_tokens: int, generated: int) -> int:
+    """KV tokens a waiting request asks SGLang's round for; it fits when more than these are left."""
+    return extend + min(max(max_new_tokens - generated, 0), CLIP_MAX_NEW_TOKENS) + PAGE_SIZE
+
+
+def admitted_charge(extend: int, max_new_tokens: int) -> int:
+    """KV tokens SGLang charges an admitted request for the rest of the round (its prefill's included)."""
+    return extend + PAGE_SIZE + min(max_new_tokens, CLIP_MAX_NEW_TOKENS)
+
+
+class PredictedChargeAdmission(SGLangAdmission):
+    """The plugin's ``--outlets-kv-margin``: a predicted request charged its predicted remaining x (1 + margin)."""
+
+    def __init__(self, margin: float, config: SchedulingConfig) -> None:
+        self.margin, self.config = margin, config
+
+    def output_budget(self, request: KVRequest) -> Optional[int]:
+        cap = _budget_cap(request)
+        if cap is None:
+            return None
+        return predicted_output_budget(request.predicted_output_len, request.generated, self.margin, cap, self.config)
+
+
+class QuantileChargeAdmission(SGLangAdmission):
+    """The plugin's ``--outlets-kv-quantile``: a predicted request charged a quantile of its remaining length,
+    from its quantiles, else a point mass at its prediction (the predicted remaining, no margin)."""
+
+    def __init__(self, level: float, config: SchedulingConfig) -> None:
+        self.level, self.config = level, config
+
+    def output_budget(self, request: KVRequest) -> Optional[int]:
+        cap = _budget_cap(request)
+        if cap is None:
+            return None
+        distribution = request_distribution(request.predicted_output_len, request.predicted_output_quantiles,
+                                            self.config)
+        return quantile_output_budget(distribution, request.generated, self.level, cap)
+
+
+def _budget_cap(request: KVRequest) -> Optional[int]:
+    """What is left of a predicted request's clipped ``max_new_tokens`` (a charge by prediction never exceeds
+    SGLang's); None where the charge stays SGLang's: no prediction, or a request that ignores EOS."""
+    if request.predicted_output_len is None or request.ignore_eos:
+        return None
+    return min(max(request.max_new_tokens - request.generated, 0), CLIP_MAX_NEW_TOKENS)
+
+
+class BlockRules(Protocol):
+    """A vLLM version's admission arithmetic (``simulation.vllm_admission.VLLMRules``)."""
+
+    def blocks_for(self, tokens): ...
+
+    def admits(self, tokens: int, budget: int, free_blocks: int, watermark: int, any_running: bool) -> bool: ...
+
+
+class VLLMAdmission(Admission):
+    """vLLM v1's ``Scheduler.schedule`` waiting loop: nothing reserved ahead, blocks and step tokens only."""
+
+    def __init__(self, rules: BlockRules, watermark_blocks: int) -> None:
+        self.rules, self.watermark_blocks = rules, watermark_blocks
+
+    def open_round(self, state: CacheState) -> AdmissionRound:
+        return BlockRound(self, int(state.free), state.step_tokens, state.any_running)
+
+
+class BlockRound(AdmissionRound):
+    """A round of :class:`VLLMAdmission`: an admitted request takes its first chunk's blocks and step tokens."""
+
+    def __init__(self, admission: VLLMAdmission, free_blocks: int, step_tokens: int, any_running: bool) -> None:
+        self.admission, self.free_blocks, self.step_tokens, self.any_running = (admission, free_blocks, step_tokens,
+                                                                                any_running)
+
+    def admit(self, request: KVRequest) -> bool:
+        rules = self.admission.rules
+        if not rules.admits(request.extend, self.step_tokens, self.free_blocks, self.admission.watermark_blocks,
+                            self.any_running):
+            return False
+        chunk = min(request.extend, self.step_tokens)
+        self.free_blocks -= rules.blocks_for(chunk)
+        self.step_tokens -= chunk
+        self.any_running = True
+        return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.step_tokens <= 0
+
+
+def create_admission(policy: KVAdmission, config: SchedulingConfig, margin: float = 0.0, level: float = 0.5,
+                     block_rules: Optional[BlockRules] = None, watermark_blocks: int = 0) -> Admission:
+    """The strategy of a rule: ``margin`` for ``predicted``, ``level`` for ``quantile``, a vLLM version's
+    ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``."""
+    if policy is KVAdmission.SGLANG:
+        return SGLangAdmission()
+    if policy is KVAdmission.PREDICTED:
+        return PredictedChargeAdmission(margin, config)
+    if policy is KVAdmission.QUANTILE:
+        return QuantileChargeAdmission(level, config)
+    if policy in VLLM_ADMISSIONS:
+        if block_rules is None:
+            raise ValueError(f"kv admission {policy.value} needs a vLLM version's block rules")
+        return VLLMAdmission(block_rules, watermark_blocks)
+    raise ValueError(f"kv admission {policy.value} has no admission round (the simulator reserves per request)")

@@ -1,0 +1,89 @@
+"""The scheduling core's KV admission strategies (``specforge_outlets.scheduling.kv_admission``), one rule each.
+
+That they decide as SGLang's ``PrefillAdder`` (with and without the plugin's hooks) and vLLM's
+``Scheduler`` do is tested against those engines' code (tests/test_sglang_admission.py,
+tests/test_vllm_admission_against_vllm.py); here, each rule's arithmetic on hand-computed cases.
+"""
+
+import pytest
+
+from specforge_outlets.scheduling import (
+    CLIP_MAX_NEW_TOKENS,
+    CacheState,
+    KVAdmission,
+    KVRequest,
+    PredictedChargeAdmission,
+    QuantileChargeAdmission,
+    SchedulingConfig,
+    SGLangAdmission,
+    VLLMAdmission,
+    create_admission,
+)
+from specforge_outlets.simulation.vllm_admission import VLLM_0_13, VLLM_0_34
+
+CONFIG = SchedulingConfig()
+
+
+def test_sglang_charges_running_requests_a_share_of_their_remaining_max_new_tokens():
+    admission = SGLangAdmission()
+    running = [KVRequest(0, 10, 110), KVRequest(0, 0, 9000)]  # 100 left x 0.5; the clip, 4096 x 0.5
+    round_ = admission.open_round(CacheState(3000.0, running, ratio=0.5))
+    assert round_.free - round_.charged == 3000 - 50 - CLIP_MAX_NEW_TOKENS * 0.5 == 902
+    assert round_.admit(KVRequest(200, 0, 300))  # needs 200 + 300 + 1 = 501 < 902: charged 501
+    assert not round_.admit(KVRequest(100, 0, 300))  # needs 401, 401 left: not strictly below
+    assert round_.admit(KVRequest(99, 0, 300)) and not round_.exhausted  # needs 400 < 401, charged 400: 1 left
+    assert round_.free - round_.charged == 1
+
+
+def test_sglang_charges_a_retracted_request_its_whole_max_new_tokens_once_admitted():
+    round_ = SGLangAdmission().open_round(CacheState(402.0))
+    assert round_.admit(KVRequest(150, 50, 300))  # 100 prompt + 50 recomputed; needs 150 + 250 + 1 = 401
+    assert round_.charged == 150 + 1 + 300 and round_.exhausted  # more than was free: the round ends
+    prefilling = SGLangAdmission().open_round(CacheState(1000.0, prefilling=[KVRequest(0, 0, 300)]))
+    assert prefilling.charged == 301  # a prompt still prefilling: its whole max_new_tokens, charged at admission
+
+
+def test_the_plugins_margin_charges_the_predicted_remaining_where_sglang_charges_max_new_tokens():
+    admission = PredictedChargeAdmission(0.2, CONFIG)
+    assert admission.output_budget(KVRequest(0, 100, 1024, 300.0)) == 240  # 200 left x 1.2
+    assert admission.output_budget(KVRequest(0, 100, 250, 300.0)) == 150  # at most what is left of max_new_tokens
+    assert admission.output_budget(KVRequest(0, 100, 9000, 9000.0)) == CLIP_MAX_NEW_TOKENS  # and of SGLang's clip
+    assert admission.output_budget(KVRequest(0, 100, 1024)) is None  # no prediction: SGLang's charge
+    assert admission.output_budget(KVRequest(0, 100, 1024, 300.0, ignore_eos=True)) is None
+    running = [KVRequest(0, 100, 1024, 300.0), KVRequest(0, 100, 1024)]
+    assert admission.open_round(CacheState(5000.0, running, ratio=0.5)).charged == 240 + 924 * 0.5  # no ratio on 240
+    assert admission.asked_max_new_tokens(KVRequest(50, 0, 1024, 100.0)) == 120
+    round_ = admission.open_round(CacheState(5000.0))
+    assert round_.admit(KVRequest(50, 0, 1024, 100.0)) and round_.charged == 50 + 1 + 120
+
+
+def test_the_plugins_quantile_charges_a_quantile_of_the_remaining_length():
+    config = SchedulingConfig(quantile_levels=(0.1, 0.5, 0.9))
+    admission = QuantileChargeAdmission(0.9, config)
+    wide = KVRequest(0, 0, 4000, 200.0, (50.0, 200.0, 1200.0))
+    sure = KVRequest(0, 0, 4000, 200.0, (190.0, 200.0, 210.0))
+    assert admission.output_budget(wide) > 1000 > 300 > admission.output_budget(sure) >= 200
+    assert admission.output_budget(KVRequest(0, 150, 4000, 200.0)) == 50  # a point: the predicted remaining
+
+
+def test_vllm_admits_while_the_blocks_of_the_whole_sequence_or_v013s_first_chunk_are_free():
+    state = CacheState(10, step_tokens=200, any_running=True)  # 10 free blocks
+    whole = VLLMAdmission(VLLM_0_34, watermark_blocks=0).open_round(state)
+    assert whole.admit(KVRequest(640, 0, 100)) and whole.free_blocks == 10 - 4  # 200 tokens of its chunk: 4 blocks
+    assert whole.step_tokens == 0 and whole.exhausted
+    assert not VLLMAdmission(VLLM_0_34, 0).open_round(state).admit(KVRequest(641, 0, 100))  # 11 blocks
+    first_chunk = CacheState(10, step_tokens=160, any_running=True)
+    assert VLLMAdmission(VLLM_0_13, 0).open_round(first_chunk).admit(KVRequest(5000, 0, 100))  # 10 blocks of 16
+    assert not VLLMAdmission(VLLM_0_34, 0).open_round(first_chunk).admit(KVRequest(5000, 0, 100))
+    assert not VLLMAdmission(VLLM_0_34, 1).open_round(state).admit(KVRequest(640, 0, 100))  # a watermark block
+
+
+def test_the_factory_gives_each_rule_its_strategy():
+    assert type(create_admission(KVAdmission.SGLANG, CONFIG)) is SGLangAdmission
+    assert create_admission(KVAdmission.PREDICTED, CONFIG, margin=0.3).margin == 0.3
+    assert create_admission(KVAdmission.QUANTILE, CONFIG, level=0.8).level == 0.8
+    assert create_admission(KVAdmission.VLLM_0_13, CONFIG, block_rules=VLLM_0_13).rules is VLLM_0_13
+    with pytest.raises(ValueError, match="block rules"):
+        create_admission(KVAdmission.VLLM, CONFIG)
+    with pytest.raises(ValueError, match="reserves per request"):
+        create_admission(KVAdmission.MAX_NEW_TOKENS, CONFIG)
