@@ -29,6 +29,15 @@ COMMAND_MODULES = (
 )
 
 
+# An optional dependency a command imports -> the install that brings it (setup.py's extras).
+INSTALL_FOR_MODULE = {
+    "specforge": "SpecForge 0.2.0: pip install 'specforge-outlets[train]' (in a checkout: make install)",
+    "wandb": "wandb: pip install 'specforge-outlets[train]' (in a checkout: make install)",
+    "sglang": "SGLang 0.5.23, in its own environment: pip install 'specforge-outlets[serve]' (in a checkout: make serve-env)",
+    "gguf": "gguf: pip install 'specforge-outlets[data]' (in a checkout: make install)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outlets",
@@ -46,6 +55,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(args.func(args) or 0)
     except OutletsError as exc:
         print(f"outlets {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        install = INSTALL_FOR_MODULE.get((exc.name or "").split(".")[0])
+        if install is None:
+            raise
+        print(f"outlets {args.command}: error: {exc.name} is not installed; this command needs {install}",
+              file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,7 @@ from specforge_outlets.data.features import load_features
 from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
 from specforge_outlets.model.inference import labelled_predictions, predict_log_remaining
 from specforge_outlets.training.export_command import export_draft
-from tests.tiny_target import write_recipe
+from tests.tiny_target import make_features, write_recipe
 
 
 def outlets(*args, env=None):
@@ -165,6 +165,41 @@ def test_features_without_labels_are_refused(capsys, tiny_target, tiny_features,
     assert "no 'remaining_length' tensor" in refused(capsys, recipe)
 
 
+def test_features_whose_every_response_is_censored_are_refused(capsys, tiny_target, tmp_path):
+    features = make_features(tiny_target, str(tmp_path / "f"), count=2, seed=0, censor_every=1)
+    recipe = write_recipe(str(tmp_path / "r.yaml"), tiny_target, features, str(tmp_path / "o"))
+    err = refused(capsys, recipe)
+    assert "none of its 2 feature files has a finished response" in err and "--max-new-tokens" in err
+    # SD-only uses no label: it passes this check and stops at the next one (nothing trains)
+    assert "'eagle3' checkpoint" in refused(capsys, recipe, "outlets.length_loss_weight=0",
+                                            f"training.resume_from={another_algorithms_checkpoint(tmp_path)}")
+
+
+def test_a_recipe_run_from_another_directory_finds_its_draft_config_and_a_missing_one_is_named(
+        capsys, tiny_target, tiny_features, tmp_path, monkeypatch):
+    (tmp_path / "checkout" / "recipes" / "drafts").mkdir(parents=True)
+    shutil.copy(os.path.join(tiny_target, "draft_config.json"), tmp_path / "checkout" / "recipes" / "drafts" / "d.json")
+    recipe = write_recipe(str(tmp_path / "checkout" / "recipes" / "r.yaml"), tiny_target, tiny_features,
+                          str(tmp_path / "o"), model={"draft_model_config": "recipes/drafts/d.json"})
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    # refused after the draft config is resolved: nothing trains
+    assert "'eagle3' checkpoint" in refused(capsys, recipe, f"training.resume_from={another_algorithms_checkpoint(tmp_path)}")
+    err = refused(capsys, recipe, "model.draft_model_config=recipes/drafts/missing.json")
+    assert err.count("\n") == 1 and "draft model config does not exist: recipes/drafts/missing.json" in err
+    assert "pass model.draft_model_config=PATH" in err
+
+
+def test_no_specforge_installed_is_one_line_naming_the_install(tmp_path):
+    code = ("import sys; sys.modules['specforge'] = None\n"
+            "from specforge_outlets.cli import main\n"
+            f"raise SystemExit(main(['train', '--config', {str(tmp_path / 'r.yaml')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("outlets train: error: ")
+    assert "specforge-outlets[train]" in result.stderr
+
+
 def test_target_without_weight_index_is_refused_and_the_fix_works(capsys, tiny_target, tiny_features, tmp_path):
     from specforge_outlets.model.weight_index import read_index, read_weight_map, write_weight_index
 
@@ -184,10 +219,15 @@ def test_cpu_fsdp_sharding_is_refused(capsys, recipe):
     assert "NO_SHARD" in refused(capsys, recipe, "training.fsdp_sharding=FULL_SHARD")
 
 
-def test_resuming_another_algorithms_checkpoint_is_refused(capsys, recipe, tmp_path):
+def another_algorithms_checkpoint(tmp_path) -> str:
+    """A plain EAGLE-3 checkpoint: resuming from it is refused by the last preflight check."""
     (tmp_path / "eagle3-step1").mkdir()
     torch.save({"strategy": "eagle3", "draft_state_dict": {}}, tmp_path / "eagle3-step1" / "training_state.pt")
-    err = refused(capsys, recipe, f"training.resume_from={tmp_path / 'eagle3-step1'}")
+    return str(tmp_path / "eagle3-step1")
+
+
+def test_resuming_another_algorithms_checkpoint_is_refused(capsys, recipe, tmp_path):
+    err = refused(capsys, recipe, f"training.resume_from={another_algorithms_checkpoint(tmp_path)}")
     assert "'eagle3' checkpoint" in err
 
 

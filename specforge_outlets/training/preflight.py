@@ -29,6 +29,8 @@ def check_recipe(recipe: Recipe, algorithm):
     draft_config = _resolve_draft_config(cfg, algorithm)
     if cfg.mode == "offline":
         _check_features(cfg, draft_config)
+        if recipe.settings.length_loss_weight > 0:
+            _check_finished_labels(cfg.data.hidden_states_path)
     _check_resume(cfg)
     return draft_config
 
@@ -72,6 +74,10 @@ def _resolve_draft_config(cfg, algorithm):
         return resolve_draft_config(cfg, provider=algorithm.providers.model.draft_config)
     except OutletsError:
         raise
+    except FileNotFoundError as exc:
+        raise OutletsError(f"model.draft_model_config={cfg.model.draft_model_config}: {exc}; a relative path is read "
+                           "from the current directory, then beside the recipe's recipes/ folder: pass "
+                           "model.draft_model_config=PATH") from None
     except ValueError as exc:
         raise OutletsError(f"model.draft_model_config: {exc}") from None
 
@@ -97,6 +103,26 @@ def _check_features(cfg, draft_config) -> None:
             f"{manifest_path(path)}: features were captured at fusion layers {captured} but the draft "
             f"fuses {expected}; set outlets.fusion_layers: {captured} or re-capture"
         )
+
+
+def _check_finished_labels(path: str) -> None:
+    """Refuse features in which no response finished: every label censored, the length loss has nothing
+    to learn from. Stops at the first file with a label (the first, in any usable capture)."""
+    import torch
+    from specforge.runtime.data_plane.offline_reader import list_feature_files
+
+    from specforge_outlets.data.features import LENGTH_KEY
+    from specforge_outlets.data.labels import NO_LABEL
+
+    files = list_feature_files(path)
+    for file in files:
+        if (torch.load(file, map_location="cpu", weights_only=True, mmap=True)[LENGTH_KEY] != NO_LABEL).any():
+            return
+    raise OutletsError(
+        f"data.hidden_states_path={path}: none of its {len(files)} feature files has a finished response "
+        "(every response was cut by the generation limit, so no length label); regenerate with a larger "
+        "--max-new-tokens, or train the SD-only draft with outlets.length_loss_weight=0"
+    )
 
 
 def _check_resume(cfg) -> None:

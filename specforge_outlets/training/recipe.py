@@ -8,6 +8,7 @@ offending field, so a typo never reaches a training process.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -38,6 +39,16 @@ def read_recipe_file(path: str) -> Dict[str, Any]:
     return raw
 
 
+def beside_recipe(recipe_path: str, value: str) -> str:
+    """A relative path in a recipe (``recipes/drafts/...``): as given when it exists from the current
+    directory, else from the folder that holds the recipe's ``recipes/`` (the checkout, or the installed
+    package), so that `outlets train --config CHECKOUT/recipes/X.yaml` works from any directory."""
+    if os.path.isabs(value) or os.path.exists(value):
+        return value
+    candidate = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(recipe_path))), value)
+    return candidate if os.path.exists(candidate) else value
+
+
 def split_overrides(overrides: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
     """(``outlets.*`` overrides as parsed values, the rest for SpecForge)."""
     outlets: Dict[str, Any] = {}
@@ -63,6 +74,8 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("target_model_path"), str):
         model["target_model_path"] = resolve_target(model["target_model_path"])  # e.g. smollm2-135m
+    if isinstance(model, dict) and isinstance(model.get("draft_model_config"), str):
+        model["draft_model_config"] = beside_recipe(path, model["draft_model_config"])
     block = copy.deepcopy(raw.pop(OUTLETS_BLOCK, None) or {})
     if not isinstance(block, dict):
         raise OutletsError(f"recipe {path}: the '{OUTLETS_BLOCK}:' block must be a mapping")
