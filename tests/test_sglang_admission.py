@@ -12,8 +12,6 @@ SGLang's code, which must make the same decision.
 from __future__ import annotations
 
 import copy
-import os
-import sys
 from array import array
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -22,10 +20,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
-
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
 
 from specforge_outlets.scheduling import KVRequest, SchedulingConfig, SGLangAdmission, admission_need  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402

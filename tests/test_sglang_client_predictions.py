@@ -5,16 +5,9 @@ tests/test_sglang_server.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
-
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
 
 from sglang_patches import predictions as P, state  # noqa: E402
 from sglang_patches.settings import CUSTOM_PARAM_KEY  # noqa: E402

@@ -15,16 +15,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import types
 
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 import torch  # noqa: E402

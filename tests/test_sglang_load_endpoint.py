@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from types import SimpleNamespace
 
@@ -17,24 +16,11 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
-
 from sglang_patches import load_endpoint, predictions as P, state  # noqa: E402
 from sglang_patches.snapshots import snapshot_class  # noqa: E402
-from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
+from tests.sglang_harness.fixtures import no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
 PRIOR = 256.0
-
-
-@pytest.fixture(autouse=True)
-def default_settings(monkeypatch):
-    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
-        monkeypatch.delenv(name)
-    state.reset_settings()
-    yield
-    state.reset_settings()
 
 
 @pytest.fixture(autouse=True)

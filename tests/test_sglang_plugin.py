@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -19,38 +18,15 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
-
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
 from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, speculative, state  # noqa: E402
-from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
+from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
+from tests.sglang_harness.stand_in import request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_LONG_HOLDBACK,
-    ENV_LONG_OUTPUT_LEN, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_ORDER_KEY, ENV_PRIOR, ENV_QUANTILE_LEVELS,
+    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
     OutletsSettingsError, read_settings, validate_draft_dir,
 )
-from tests.sglang_harness.fixtures import keep_logging, plugins_loaded  # noqa: F401  (fixtures)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in (ENV_AGING, ENV_DRAFT, ENV_PRIOR, ENV_ORDER, ENV_LONG_OUTPUT_LEN, ENV_LONG_HOLDBACK, ENV_KV_MARGIN,
-                 ENV_MAX_RETRACTIONS, ENV_ORDER_KEY, ENV_LONG_CLASS_QUANTILE, ENV_KV_QUANTILE, ENV_QUANTILE_LEVELS):
-        monkeypatch.delenv(name, raising=False)
-    state.reset_settings()
-    yield
-    state.reset_settings()
-
-
-def request(rid, predicted=None, arrival=0.0, generated=0, custom=None):
-    req = StandInReq(rid=rid, output_ids=[0] * generated, customized_info=None,
-                          sampling_params=SimpleNamespace(custom_params=custom))
-    req.outlets_arrival_time = arrival
-    if predicted is not None:
-        P.set_prediction(req, predicted, "external")
-    return req
+from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
 
 # --- discovery and hook application --------------------------------------------------------------
@@ -232,7 +208,7 @@ def sglang_request(rid, predicted=None, arrival=0.0):
     from sglang.srt.managers.schedule_batch import Req
 
     req = Req.__new__(Req)
-    req.__dict__.update(request(rid, predicted, arrival).__dict__)
+    req.__dict__.update(request(rid, predicted, arrival=arrival).__dict__)
     req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
     return req
 
@@ -645,26 +621,6 @@ def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):
     fake_scheduler.waiting_queue.reverse()
     ordering.prebuilt_batch_around(original, fake_scheduler, None)
     assert seen == [["b", "a"], ["a", "b"]]
-
-
-def write_export(directory, fusion=(2, 3, 4), hidden=32):
-    import json
-
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["OutletsLlamaForCausalLMEagle3"], "hidden_size": hidden,
-        "outlets_config": {"fusion_layers": list(fusion), "head_input": "draft", "gated_attention": True,
-                           "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}}))
-    (directory / "model.safetensors").write_bytes(b"")
-    return str(directory)
-
-
-def write_target(directory, layers=6, hidden=32):
-    import json
-
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden}))
-    return str(directory)
 
 
 @pytest.mark.parametrize("case, message", [

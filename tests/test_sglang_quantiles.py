@@ -7,11 +7,9 @@ tests/test_sglang_quantiles_server.py; the predictor-only and EAGLE-3 heads: tes
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional, Tuple
@@ -19,10 +17,6 @@ from typing import Optional, Tuple
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
-
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_harness", "stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)
 
 from specforge_outlets.scheduling import (  # noqa: E402
     DEFAULT_QUANTILE_LEVELS, LengthDistribution, OrderKey, QueuePolicy, SchedulingConfig, admission_order,
@@ -35,24 +29,13 @@ from sglang_patches.settings import (  # noqa: E402
     ENV_DRAFT, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_ORDER, ENV_ORDER_KEY, ENV_QUANTILE_LEVELS,
     QUANTILES_PARAM_KEY, OutletsSettingsError, read_settings,
 )
-from tests.sglang_harness.stand_in import StandInReq  # noqa: E402
-from tests.sglang_harness.fixtures import keep_logging, plugins_loaded  # noqa: F401  (fixtures)
+from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
+from tests.sglang_harness.stand_in import StandInReq, request  # noqa: E402
+from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
 LEVELS = tuple(DEFAULT_QUANTILE_LEVELS)  # 0.1, 0.25, 0.5, 0.75, 0.9
 TAILED = (3.0, 4.0, 6.0, 40.0, 2000.0)  # median 6, a long tail: Gittins serves it early, the risk key late
 SURE = (148.0, 149.0, 150.0, 151.0, 152.0)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    """No OUTLETS_* setting from the caller or from a parse in another test (the CLI writes os.environ)."""
-    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
-        monkeypatch.delenv(name)
-    state.reset_settings()
-    yield
-    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
-        os.environ.pop(name)
-    state.reset_settings()
 
 
 def use_env(monkeypatch, **values):
@@ -60,34 +43,6 @@ def use_env(monkeypatch, **values):
         monkeypatch.setenv(name, value)
     state.reset_settings()
     return state.settings()
-
-
-def request(rid, predicted=None, quantiles=None, arrival=0.0, generated=0, custom=None, prompt_len=4):
-    req = StandInReq(rid=rid, output_ids=[0] * generated, customized_info=None, origin_input_ids=[1] * prompt_len,
-                     sampling_params=SimpleNamespace(custom_params=custom, max_new_tokens=4000, ignore_eos=False))
-    req.outlets_arrival_time = arrival
-    req.finished = lambda: False
-    if predicted is not None:
-        P.set_prediction(req, predicted, "external", quantiles)
-    return req
-
-
-def write_export(directory, levels=None, hidden=32):
-    directory.mkdir()
-    outlets = {"fusion_layers": [2, 3, 4], "head_input": "draft", "gated_attention": True,
-               "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}
-    if levels is not None:
-        outlets["quantile_levels"] = list(levels)
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["OutletsLlamaForCausalLMEagle3"], "hidden_size": hidden, "outlets_config": outlets}))
-    (directory / "model.safetensors").write_bytes(b"")
-    return str(directory)
-
-
-def write_target(directory, layers=6, hidden=32):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden}))
-    return str(directory)
 
 
 # --- flags ------------------------------------------------------------------------------------------

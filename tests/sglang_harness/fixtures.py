@@ -1,6 +1,7 @@
 """Fixtures the in-process plugin tests share (import them by name into a test module)."""
 
 import logging
+import os
 
 import pytest
 
@@ -23,3 +24,15 @@ def keep_logging():
     yield
     logging.root.handlers[:] = handlers
     logging.root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def no_outlets_settings(monkeypatch):
+    """No OUTLETS_* setting from the caller or from a parse in another test (the CLI writes os.environ itself)."""
+    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
+        monkeypatch.delenv(name)
+    state.reset_settings()
+    yield
+    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:
+        os.environ.pop(name)
+    state.reset_settings()
