@@ -44,6 +44,16 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   Predictor-only mode (the draft predicting inside the server) needs SmolLM2's features, so it
   runs only with ``--model-path`` SmolLM2 and ``--draft``.
 
+``--ladder`` (issue 35's ladder of predictors, its own ``--runs-dir``): requests drawn from the label
+set's four samples per prompt (the test response and three regenerated ones, as
+``predictor_ladder.py`` draws them), each generating that sample's length, and the default server
+run with none, a constant (the train split's median), OUTLETS r̂₀, the per-prompt ceiling (the
+mean of the prompt's other samples) and the oracle, beside fcfs:
+
+    .venv/bin/python benchmarks/kv_bound_server_study.py run --ladder --runs-dir runs/kv-bound-ladder \
+        --requests 300 --max-total-tokens 16384 --repetitions 3 \
+        --servers fcfs "fcfs (A/A control)" "outlets tail-safe + KV by prediction"
+
 Every (server, predictor) runs ``--repetitions`` times: each repetition starts a fresh session of
 every server, in an order rotated by one each time, and runs its predictors one after another; the
 report gives the median and the range. Retractions are counted from the server's own log lines.
@@ -66,6 +76,8 @@ import statistics
 import sys
 import time
 from typing import Dict, List, Optional
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -125,8 +137,14 @@ SERVER_CORE = (os.cpu_count() or 1) - 1
 QUANTILES = "outlets quantiles"  # the distribution record's point and quantiles (write_quantile_predictions)
 
 
-def predictors_of(server_name: str) -> tuple:
-    """The predictors each server runs with: every predictor on the default and on ``outlets sjf``.
+# issue 35's ladder on the default server (--ladder): from no information to all of it
+LADDER_PREDICTORS = ("none", "constant", "outlets", "ceiling", "oracle")
+LADDER_SERVER = "outlets tail-safe + KV by prediction"
+
+
+def predictors_of(server_name: str, ladder: bool = False) -> tuple:
+    """The predictors each server runs with: every predictor on the default and on ``outlets sjf``
+    (with ``ladder``: the ladder's on the default, none elsewhere).
 
     Stock servers ignore predictions; the tail-safe order alone and SJF with KV admission run without
     one, with OUTLETS' and with the oracle's (this CPU's time). The servers that read quantiles run with
@@ -135,6 +153,8 @@ def predictors_of(server_name: str) -> tuple:
     """
     if not server_name.startswith("outlets"):
         return ("none",)
+    if ladder:
+        return LADDER_PREDICTORS if server_name == LADDER_SERVER else ("none",)
     if READS_QUANTILES[0] in SERVERS[server_name]:
         return (QUANTILES,)
     if server_name in ("outlets sjf", "outlets tail-safe + KV by prediction"):
@@ -156,7 +176,7 @@ def predictions_path(directory: str, predictor: str) -> str:
     return os.path.join(directory, f"predictions-{slug(predictor)}.jsonl")
 
 
-def write_workload(directory: str, count: int, seed: int) -> str:
+def write_workload(directory: str, count: int, seed: int, ladder: bool = False) -> str:
     """dataset.jsonl (id, prompt, output_length) and one predictions file per predictor; returns the dataset.
 
     The quantiles' file is written whenever it is missing, so a study directory drawn before it existed
@@ -164,29 +184,50 @@ def write_workload(directory: str, count: int, seed: int) -> str:
     """
     dataset = os.path.join(directory, "dataset.jsonl")
     if not os.path.exists(dataset):
-        write_dataset(dataset, count, seed)
+        (write_ladder_dataset if ladder else write_dataset)(dataset, count, seed)
     quantiles = predictions_path(directory, QUANTILES)
-    if not os.path.exists(quantiles):
+    if not ladder and not os.path.exists(quantiles):  # the ladder's servers read no quantiles
         with open(dataset, encoding="utf-8") as handle:
             write_quantile_predictions(quantiles, [json.loads(line)["id"] for line in handle])
     return dataset
 
 
-def write_dataset(dataset: str, count: int, seed: int) -> None:
-    """The drawn requests and the committed evaluation's point predictions of them, the dataset last (done)."""
+def read_prompts(wanted) -> Dict[str, str]:
+    """The ShareGPT prompts of the test request ids ``wanted`` (shared data, never copied)."""
     prompts_path = shared(SHAREGPT_PROMPTS, "this study (it sends the real ShareGPT prompts)")
-    rows = read_eval_record()
-    drawn = random.Random(seed).sample(rows, count)
     prompts = {}
-    wanted = {row["id"] for row in drawn}
     with open(prompts_path, encoding="utf-8") as handle:
         for line in handle:
             row = json.loads(line)
             if row["id"] in wanted:
                 prompts[row["id"]] = row["prompt"]
-    missing = sorted(wanted - set(prompts))
+    missing = sorted(set(wanted) - set(prompts))
     if missing:
         raise SystemExit(f"{prompts_path} lacks {len(missing)} test request(s), first {missing[0]}: not the label set's prompts")
+    return prompts
+
+
+def write_ladder_dataset(dataset: str, count: int, seed: int) -> None:
+    """``count`` of the label set's prompt samples (``predictor_ladder.LabelSetSamples``: id ``prompt/k``, k = 0 the
+    test response), the ladder's predictions of them, the dataset last (done)."""
+    from predictor_ladder import LabelSetSamples
+
+    samples = LabelSetSamples()
+    drawn = random.Random(seed).sample(range(len(samples.ids)), count)
+    prompts = read_prompts({samples.ids[i].split("/")[0] for i in drawn})
+    values = {"constant": np.full(len(samples.ids), samples.train_median), "outlets": samples.values["outlets r0"],
+              "ceiling": samples.values["ceiling"]}
+    for predictor, predicted in values.items():
+        write_jsonl(predictions_path(os.path.dirname(dataset), predictor),
+                    [{"id": samples.ids[i], "predicted_output_len": float(predicted[i])} for i in drawn])
+    write_jsonl(dataset, [{"id": samples.ids[i], "prompt": prompts[samples.ids[i].split("/")[0]],
+                           "output_length": int(samples.output_lens[i])} for i in drawn])
+
+
+def write_dataset(dataset: str, count: int, seed: int) -> None:
+    """The drawn requests and the committed evaluation's point predictions of them, the dataset last (done)."""
+    drawn = random.Random(seed).sample(read_eval_record(), count)
+    prompts = read_prompts({row["id"] for row in drawn})
     for predictor in ("bert", "outlets"):
         write_jsonl(predictions_path(os.path.dirname(dataset), predictor),
                     [{"id": row["id"], "predicted_output_len": row["static"][predictor]} for row in drawn])
@@ -249,21 +290,22 @@ def make_target(directory: str) -> str:
 def check_arrivals(args) -> None:
     """One runs directory holds one arrival pattern: its first run records it, a later one must match."""
     path = os.path.join(args.runs_dir, "arrivals.json")
-    chosen = {"rate_rps": str(args.rate), "seed": args.seed}
+    chosen = {"rate_rps": str(args.rate), "seed": args.seed, **({"requests": "ladder samples"} if args.ladder else {})}
     if not os.path.exists(path):
         write_text_atomic(path, json.dumps(chosen))
         return
     with open(path) as handle:
         recorded = json.load(handle)
     if recorded != chosen:
-        raise SystemExit(f"{args.runs_dir} holds runs at --rate {recorded['rate_rps']} --seed {recorded['seed']}, "
-                         f"not --rate {args.rate} --seed {args.seed}: pass another --runs-dir for this rate")
+        raise SystemExit(f"{args.runs_dir} holds runs at --rate {recorded['rate_rps']} --seed {recorded['seed']}"
+                         f"{' of the ladder' if 'requests' in recorded else ''}, not --rate {args.rate} --seed "
+                         f"{args.seed}{' of the ladder' if args.ladder else ''}: pass another --runs-dir for these")
 
 
 def run(args) -> None:
     os.makedirs(args.runs_dir, exist_ok=True)
     check_arrivals(args)
-    dataset = write_workload(args.runs_dir, args.requests, args.seed)
+    dataset = write_workload(args.runs_dir, args.requests, args.seed, args.ladder)
     model = args.model_path or make_target(os.path.join(args.runs_dir, "target"))
     common = ["--max-total-tokens", str(args.max_total_tokens), *SERVER_ARGS]
     if args.draft:
@@ -273,7 +315,7 @@ def run(args) -> None:
         # time, so that no policy always runs first or in the same stretch of this machine's time
         shift = repetition % len(args.servers)
         for server_name in args.servers[shift:] + args.servers[:shift]:
-            pending = [predictor for predictor in predictors_of(server_name)
+            pending = [predictor for predictor in predictors_of(server_name, args.ladder)
                        if not os.path.exists(os.path.join(run_dir(args, server_name, predictor, repetition), "summary.json"))]
             if pending:
                 run_session(args, server_name, repetition, pending, dataset, model, common)
@@ -375,7 +417,7 @@ def finished_runs(directories) -> List[dict]:
 def report(args) -> None:
     rows = []
     for server_name in SERVERS:
-        for predictor in predictors_of(server_name):
+        for predictor in predictors_of(server_name, args.ladder):
             runs = finished_runs(run_dir(args, server_name, predictor, repetition)
                                  for repetition in range(args.repetitions))
             if runs:
@@ -472,6 +514,9 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--model-path", help="target directory (default: the random Llama with SmolLM2's tokenizer)")
     parser.add_argument("--draft", help="an `outlets export` for --model-path: predictor-only mode in every outlets server")
+    parser.add_argument("--ladder", action="store_true",
+                        help="issue 35's ladder: requests drawn from the label set's four samples per prompt, "
+                             f"the default server run with {', '.join(LADDER_PREDICTORS)} (a --runs-dir of its own)")
     parser.add_argument("--results", default=RESULTS, help="where the report stage writes report.md and result.json")
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()

@@ -1,0 +1,62 @@
+"""benchmarks/predictor_ladder.py: the label set's samples, the rungs, resumable cells; the real servers' ladder selection."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import kv_bound_server_study  # noqa: E402
+import predictor_ladder as ladder  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return ladder.LabelSetSamples()
+
+
+def test_every_prompt_has_four_samples_and_the_ceiling_is_the_mean_of_the_others(samples):
+    prompts = [sample_id.split("/")[0] for sample_id in samples.ids]
+    assert len(samples.ids) == 4 * len(set(prompts)) and len(set(prompts)) > 200
+    lengths = samples.output_lens.reshape(-1, 4)
+    expected = (lengths.sum(axis=1, keepdims=True) - lengths) / 3
+    assert np.allclose(samples.values["ceiling"].reshape(-1, 4), expected)
+    assert samples.censored[samples.output_lens < ladder.CAP].sum() == 0  # only a cut response is censored
+    outlets = samples.values["outlets r0"].reshape(-1, 4)
+    assert (outlets == outlets[:, :1]).all()  # r̂₀ reads the prompt: one value per prompt
+
+
+def test_every_rung_predicts_every_request(samples):
+    trace, drawn = samples.trace(20.0, 50, seed=1)
+    for rung, predict in ladder.RUNGS.items():
+        values = predict(samples, trace, drawn, 1)
+        assert len(values) == len(trace), rung
+    assert ladder.RUNGS["oracle"](samples, trace, drawn, 1) == trace.output_lens.tolist()
+    assert set(ladder.RUNGS["constant"](samples, trace, drawn, 1)) == {samples.train_median}
+
+
+def test_a_cell_keeps_its_runs_and_adds_only_those_it_lacks(samples, tmp_path, monkeypatch):
+    path = str(tmp_path / "cell.json")
+    ladder.simulate_cell(samples, "100k", 20.0, 0, 40, path)
+    assert ladder.complete(path)
+    with open(path) as handle:
+        cell = json.load(handle)
+    cell["runs"] = [run for run in cell["runs"] if run.get("rung") != "ceiling"]
+    with open(path, "w") as handle:
+        json.dump(cell, handle)
+    assert not ladder.complete(path)
+    simulated = []
+    real_run = ladder.run
+    monkeypatch.setattr(ladder, "run", lambda *args: simulated.append(args) or real_run(*args))
+    ladder.simulate_cell(samples, "100k", 20.0, 0, 40, path)
+    assert len(simulated) == len(ladder.CONFIGS) and ladder.complete(path)
+
+
+def test_the_real_servers_ladder_runs_its_rungs_on_the_default_server_only():
+    study = kv_bound_server_study
+    assert study.predictors_of(study.LADDER_SERVER, ladder=True) == ("none", "constant", "outlets", "ceiling", "oracle")
+    assert study.predictors_of("outlets sjf", ladder=True) == ("none",)
+    assert study.predictors_of(study.LADDER_SERVER) == study.PREDICTORS  # without --ladder: as before
