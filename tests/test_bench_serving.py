@@ -10,9 +10,11 @@ max_new_tokens. Every answer carries ``predicted_output_len`` = tokens + 0.5.
 
 import json
 import math
+import os
 import pickle
 import re
 import socket
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,8 +41,8 @@ class StubGenerateServer:
             def log_message(self, *args) -> None:
                 pass
 
-            def do_GET(self) -> None:
-                status = 200 if self.path == "/health" and server.healthy else 503
+            def do_GET(self) -> None:  # /v1/models: what sglang.bench_serving polls before it sends
+                status = 200 if self.path in ("/health", "/v1/models") and server.healthy else 503
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -399,6 +401,57 @@ def test_compare_runs_puts_a_bench_run_next_to_a_simulation(tmp_path, stub, caps
     assert (tmp_path / "one" / "table.png").stat().st_size > 0
 
 
+SERVE_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-serve", "bin", "python")
+
+
+@pytest.mark.skipif(not os.path.exists(SERVE_PYTHON), reason="needs the serve environment (make serve-env)")
+def test_compare_runs_reads_a_stock_sglang_bench_serving_result_beside_ours_with_sglangs_keys(tmp_path, capsys):
+    """SGLang 0.5.23's own client (serve environment) and ours against one stub server: our summary row
+    carries SGLang's result keys by its names, and compare-runs reads its --output-file beside ours."""
+    from specforge_outlets.model.tiny_chat_target import make_chat_tokenizer
+
+    tokenizer = str(tmp_path / "tokenizer")
+    make_chat_tokenizer().save_pretrained(tokenizer)
+    stock = tmp_path / "sglang.jsonl"
+    with StubGenerateServer() as server:
+        result = subprocess.run(
+            [SERVE_PYTHON, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+             "--dataset-name", "random-ids", "--random-input-len", "8", "--random-output-len", "4",
+             "--random-range-ratio", "1", "--num-prompts", "4", "--request-rate", "inf", "--tokenizer", tokenizer,
+             "--model", tokenizer, "--goodput", "e2el:60000", "--output-file", str(stock), "--output-details"],
+            capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": f"r{i}", "prompt": f"q len={2 + i}"} for i in range(4)])
+        code, summary, _ = bench(tmp_path, [server.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                                 "--goodput", "e2e:60000", "tpot:1000", name="ours")
+    assert code == 0
+    theirs = json.loads(stock.read_text().splitlines()[0])
+    row = summary["runs"][0]
+    ours = {key for key in row if key not in ("label", "offered_rps", "metrics")}
+    assert ours <= set(theirs), ours - set(theirs)  # every SGLang key we write is one SGLang writes
+    assert {"p99_ttft_ms", "median_e2e_latency_ms", "output_throughput", "request_goodput"} <= ours
+    assert row["goodput_slos_ms"] == {"e2el": 60000.0, "tpot": 1000.0} and row["completed"] == 4  # e2e read as e2el
+    assert row["request_goodput"] == pytest.approx(4 / row["duration"])
+    assert row["median_e2e_latency_ms"] == pytest.approx(1e3 * row["metrics"]["all"]["e2e_p50_s"])
+    assert row["output_throughput"] == pytest.approx(row["total_output_tokens"] / row["duration"])
+
+    assert main(["compare-runs", str(tmp_path / "ours"), str(stock), "--output", str(tmp_path / "cmp")]) == 0
+    lines = [line for line in (tmp_path / "cmp" / "compare.md").read_text().splitlines() if line.startswith("| ")]
+    stock_line = next(line for line in lines if "sglang.bench_serving" in line)
+    cells = [cell.strip() for cell in stock_line.strip("|").split("|")]
+    assert cells[:3] == ["sglang.jsonl", "sglang random-ids rate inf", "sglang.bench_serving"]
+    assert cells[4] == f"{theirs['output_throughput']:.0f}" and cells[5:8] == ["–", "–", "–"]  # no length classes
+    assert cells[8] == f"{theirs['p99_e2e_latency_ms'] / 1e3:.2f}" and cells[-1] == "0"  # --output-details: no errors
+    assert any("| ours |" in line for line in lines)
+
+
+def test_compare_runs_refuses_a_file_that_is_not_a_sglang_result(tmp_path, capsys):
+    (tmp_path / "other.jsonl").write_text('{"backend": "sglang", "completed": 3}\n')
+    assert main(["compare-runs", str(tmp_path / "other.jsonl"), "--output", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert "other.jsonl:1: no duration, output_throughput" in err and "not a sglang.bench_serving result" in err
+
+
 def test_compare_runs_names_a_missing_or_malformed_summary(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken").mkdir()
@@ -630,5 +683,12 @@ def test_goodput_counts_requests_within_every_slo_target_per_length_class():
     assert metrics["all"]["slo_attainment"] == 0.25 and metrics["all"]["goodput_rps"] == pytest.approx(0.1)
     assert metrics["long"]["slo_attainment"] == 0.0 and metrics["short"]["slo_attainment"] == pytest.approx(1 / 3)
     assert "goodput_rps" not in summarize_requests(np.zeros(1), np.ones(1), np.ones(1) * 2, np.array([3]))["all"]
-    with pytest.raises(OutletsError, match=r"--goodput 'itl:5': expected METRIC:MILLISECONDS"):
+    with pytest.raises(OutletsError, match=r"--goodput 'itl:5': expected METRIC:MILLISECONDS with METRIC one of "
+                                           r"ttft, tpot, e2el"):
         parse_goodput(["itl:5"])
+    # sglang.bench_serving's name for the end-to-end latency, and ours before it, bound the same latency
+    assert parse_goodput(["e2el:5500"]) == parse_goodput(["e2e:5500"]) == {"e2el": 5.5}
+    within = summarize_requests(np.zeros(4), np.array([0.2, 0.8, 0.3, 0.1]), np.array([5.2, 5.8, 3.3, 10.0]),
+                                np.array([101, 101, 11, 900]), success=np.array([True, True, True, False]),
+                                slo=parse_goodput(["e2el:5500"]))
+    assert within["all"]["slo_attainment"] == 0.5  # 5.2 s and 3.3 s; 5.8 s over; the failed one never

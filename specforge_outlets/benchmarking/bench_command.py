@@ -6,7 +6,9 @@ length prediction) and writes its own metric names. This command sends the same 
 requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
 (workload.py), and summarizes them with the simulator's metrics (``serving/metrics.py``) into the
 simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
-simulated ones.
+simulated ones. Each row also carries ``sglang.bench_serving``'s own result keys and units
+(``sglang_result.py``: ``p99_ttft_ms``, ``median_e2e_latency_ms``, ``output_throughput``,
+``request_goodput``), computed as it computes them.
 
 Outputs (``--output DIR``): ``requests.jsonl`` (one record per request, failures included),
 ``summary.json``, ``summary.md``. They are written to temporary names and renamed when the run is
@@ -80,8 +82,9 @@ def register(subparsers) -> None:
     parser.add_argument("--short-threshold", type=int, default=800,
                         help="short requests: fewer generated (or, if failed, expected) tokens (default 800)")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                        help="SLO targets in ms, e.g. ttft:500 tpot:50 (as sglang.bench_serving --goodput): adds slo_attainment "
-                        "and goodput_rps (requests within every target per second) per length class")
+                        help="SLO targets in ms by sglang.bench_serving's --goodput names, e.g. ttft:500 tpot:50 "
+                        "e2el:9000 (e2e is read as e2el): adds slo_attainment and goodput_rps (requests within every "
+                        "target per second) per length class, and SGLang's request_goodput")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
     parser.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals and synthetic prompts")
@@ -90,6 +93,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from specforge_outlets.benchmarking.client import SamplingSettings, check_server
+    from specforge_outlets.benchmarking.sglang_result import sglang_result
     from specforge_outlets.benchmarking.workload import (
         load_dataset_workload, load_tokenizer, load_trace_workload,
     )
@@ -153,7 +157,8 @@ def run(args) -> int:
         "started_at": started_at,
         "duration_s": duration_s,
     }
-    row = {"label": label, "offered_rps": workload.offered_rps, "metrics": metrics}
+    row = {"label": label, "offered_rps": workload.offered_rps, **sglang_result(records, duration_s, slo),
+           "metrics": metrics}
     for path in write_outputs(args.output, header, row, records):
         print(f"wrote {path}")
     failed = [record for record in records if not record.success]
@@ -320,6 +325,10 @@ MARKDOWN_COLUMNS = (
 )
 
 
+SGLANG_SUMMARY_KEYS = ("completed", "output_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms",
+                       "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_goodput")
+
+
 def markdown_summary(header: Dict, row: Dict) -> str:
     from specforge_outlets.serving.metrics import CLASSES, format_metric, pipe_table
 
@@ -332,6 +341,8 @@ def markdown_summary(header: Dict, row: Dict) -> str:
         ([name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS] for name in CLASSES),
     ))
     failed = metrics["all"]["failed"]
+    lines += ["", "sglang.bench_serving's keys (successful requests only, as it computes them): "
+              + ", ".join(f"{key} {format_metric(row.get(key), '{:.2f}')}" for key in SGLANG_SUMMARY_KEYS if key in row)]
     lines.append("")
     if failed:
         lines.append(f"**{failed} of {metrics['all']['requests']} requests failed**; a failed request counts as an "

@@ -1,9 +1,12 @@
 """``outlets compare-runs``: measured and simulated runs in one table and one figure.
 
 Reads the ``summary.json`` of ``outlets bench-serving`` and ``outlets simulate`` directories (both
-write ``{header..., "runs": [{..., "metrics": {"all"|"short"|"long": {...}}}]}``) and lists every row:
-throughput, short P50/P99, long P99, all P99 and failed requests, plus the policy columns when a
-row has them (simulator rows). ``inf`` latencies (failed requests) stay ``inf``.
+write ``{header..., "runs": [{..., "metrics": {"all"|"short"|"long": {...}}}]}``) and the result file
+of a stock ``python -m sglang.bench_serving --output-file FILE`` (one run per line, its keys read by
+``sglang_result.row_from_sglang``), and lists every row: throughput, short P50/P99, long P99, all
+P99, all TTFT P99 and failed requests, plus the policy columns when a row has them (simulator rows).
+``inf`` latencies (failed requests) stay ``inf``; what a run did not record (SGLang's length
+classes) reads ``–``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from specforge_outlets.serving.summary import read_summary
+from specforge_outlets.serving.summary import SUMMARY, read_summary
 from specforge_outlets.errors import OutletsError
 
 POLICY_KEYS = ("study", "routing", "queue", "predictor", "rate_scale")
@@ -26,6 +29,7 @@ METRIC_COLUMNS = (
     ("short P99 s", "short", "e2e_p99_s", "{:.2f}"),
     ("long P99 s", "long", "e2e_p99_s", "{:.2f}"),
     ("all P99 s", "all", "e2e_p99_s", "{:.2f}"),
+    ("all TTFT P99 s", "all", "ttft_p99_s", "{:.2f}"),
     ("failed", "all", "failed", "{:.0f}"),
 )
 
@@ -36,7 +40,7 @@ class RunRow:
 
     run: str  # directory name
     label: str
-    kind: str  # bench-serving | simulate
+    kind: str  # bench-serving | simulate | sglang.bench_serving
     row: Dict
 
 
@@ -47,7 +51,8 @@ def register(subparsers) -> None:
         description="Read summary.json of bench-serving and/or simulate output directories and write one "
                     "table (compare.md) and grouped bars of short-request P99 and throughput (compare.png).",
     )
-    parser.add_argument("runs", nargs="+", metavar="DIR", help="bench-serving or simulate output directories")
+    parser.add_argument("runs", nargs="+", metavar="DIR|FILE",
+                        help="bench-serving or simulate output directories, or a sglang.bench_serving --output-file")
     parser.add_argument("--output", required=True,
                         help="directory for compare.md and compare.png, or a FILE.md (the plot goes to FILE.png)")
     parser.set_defaults(func=run)
@@ -66,11 +71,24 @@ def run(args) -> int:
 
 
 def load_rows(directory: str) -> List[RunRow]:
-    """Every row of ``directory/summary.json``; a missing or malformed file names the directory."""
+    """Every row of ``directory/summary.json``, or of a sglang.bench_serving result file; a missing or
+    malformed file names itself."""
+    if os.path.isfile(directory) and os.path.basename(directory) != SUMMARY:
+        return sglang_rows(directory)
     summary = read_summary(directory)
     name = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(summary["path"]))))
     kind = summary.get("kind", "simulate")
     return [RunRow(name, _label(row), kind, row) for row in summary["runs"]]
+
+
+def sglang_rows(path: str) -> List[RunRow]:
+    """The runs of a ``sglang.bench_serving --output-file``: one row per line, labelled by its settings."""
+    from specforge_outlets.benchmarking.sglang_result import read_sglang_results, row_from_sglang
+
+    name = os.path.basename(path)
+    return [RunRow(name, f"{r.get('backend', 'sglang')} {r.get('dataset_name', '')} rate {r.get('request_rate', '?')}"
+                   .replace("  ", " "), "sglang.bench_serving", row_from_sglang(r, name))
+            for r in read_sglang_results(path)]
 
 
 def _label(row: Dict) -> str:

@@ -37,15 +37,19 @@ CLASSES = ("all", "short", "long")
 INF_JSON = "inf"
 
 
-# Latencies an SLO can bound (``--goodput ttft:MS tpot:MS e2e:MS``, as sglang.bench_serving --goodput).
-SLO_METRICS = ("ttft", "tpot", "e2e")
+# Latencies an SLO can bound, by sglang.bench_serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
+# ``e2e``, this project's earlier name for ``e2el``, is still read. SLO name -> the latency it bounds.
+SLO_LATENCIES = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+SLO_METRICS = tuple(SLO_LATENCIES)
+SLO_ALIASES = {"e2e": "e2el"}
 
 
 def parse_goodput(items: Optional[Sequence[str]], flag: str = "--goodput") -> Dict[str, float]:
-    """``["ttft:500", "tpot:50"]`` (milliseconds) -> ``{"ttft": 0.5, "tpot": 0.05}`` (seconds)."""
+    """``["ttft:500", "e2el:9000"]`` (milliseconds) -> ``{"ttft": 0.5, "e2el": 9.0}`` (seconds)."""
     slo: Dict[str, float] = {}
     for item in items or ():
         name, _, value = str(item).partition(":")
+        name = SLO_ALIASES.get(name, name)
         try:
             milliseconds = float(value)
         except ValueError:
@@ -122,7 +126,8 @@ def summarize_requests(
     if slo:
         good = ok.copy()
         for name, target in slo.items():
-            good &= ~(latencies[name] > target)  # NaN (no TPOT) does not break a target
+            latency = latencies[SLO_LATENCIES[SLO_ALIASES.get(name, name)]]
+            good &= ~(latency > target)  # NaN (no TPOT) does not break a target
         for name, mask in masks.items():
             selected = int(mask.sum())
             summary[name]["slo_attainment"] = float(good[mask].sum()) / selected if selected else math.nan
