@@ -740,8 +740,10 @@ def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit
     by_requests = simulate(trace, cluster, routing="least-requests")  # 1 request each: C to instance 0, behind A
     # behind B on instance 1: its step after B's (1.1-2.1 s); behind A's three prompt chunks on instance 0: 3 s
     assert by_tokens.first_token_times[2] == pytest.approx(2.1) and by_requests.first_token_times[2] == pytest.approx(3.0)
-    with pytest.raises(ValueError, match="unknown routing 'cache-aware'"):
+    with pytest.raises(ValueError, match="unknown routing 'cache-aware'; one of round-robin, .*, power_of_two"):
         routing_policy("cache-aware")
+    assert [routing_policy(name) for name in ("total_tokens", "total_requests")] == [
+        routing_policy("total-tokens"), routing_policy("least-requests")]
 
 
 def test_bad_jsonl_trace_names_the_line(tmp_path):
@@ -829,9 +831,11 @@ def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
     trace = write(tmp_path, "trace.jsonl", lines)
     out = tmp_path / "out"
     code = main(["simulate", "--trace", trace, "--config", "recipes/cluster-h100-1p3d.yaml", "--output", str(out),
-                 "--rate-scale", "1", "3", "--routing", "round-robin", "least-predicted-work"])
+                 "--rate-scale", "1", "3", "--routing", "round_robin", "outlets"])  # SGLang's spellings
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["routing_in_sglang"] == {"round-robin": "round_robin", "least-predicted-work": "outlets"}
+    assert "'order_key': 'point'" in (out / "summary.md").read_text()  # values, not enum reprs
     assert len(summary["runs"]) == 2 * (6 + 3)  # rate scales x (2 routings x 3 queues + controlled study)
     run = summary["runs"][0]["metrics"]
     assert run["all"]["requests"] == 300 and run["short"]["requests"] + run["long"]["requests"] == 300
@@ -848,7 +852,7 @@ def test_simulate_command_runs_power_of_two_with_its_seed_and_poll_interval(tmp_
     summaries = []
     for run in ("a", "b"):
         code = main(["simulate", "--trace", trace, "--config", config, "--output", str(tmp_path / run), "--routing",
-                     "power-of-two", "--queue", "fcfs", "--study-routing", "power-of-two", "--seed", "5"])
+                     "power_of_two", "--queue", "fcfs", "--study-routing", "power-of-two", "--seed", "5"])
         assert code == 0
         summaries.append(json.loads((tmp_path / run / "summary.json").read_text()))
     assert summaries[0]["cluster"]["load_poll_interval_s"] == 2.5 and summaries[0]["seed"] == 5

@@ -1,6 +1,6 @@
 """SGLang's own policies, simulated with the same step model as the plugin's so that one run compares them.
 
-A user choosing a policy compares OUTLETS with what SGLang already ships (issue 13). These are not
+A user choosing a policy compares OUTLETS with what SGLang already ships. These are not
 the plugin's: ``specforge_outlets.scheduling`` holds the orders and routing the plugin serves;
 these reproduce SGLang 0.5.23's sort and dispatch keys.
 
@@ -30,6 +30,9 @@ simulator applies them to prefill instances and colocated instances only (decode
   the lowest rank. SGLang reads the tokens from a snapshot and adds each dispatched prompt until
   the next one; the simulator reads them exact at every dispatch, which favours this peer slightly.
   SGLang's ``total_requests`` is the core's ``least-requests``.
+
+Routing is also named as SGLang's ``--load-balance-method`` and sglang-router's ``--policy`` spell
+it (``ROUTING_SPELLINGS``), so that a user's own command line works here too.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from enum import Enum
-from typing import Iterator, List, Sequence, Tuple, Type, Union
+from typing import Dict, Iterator, List, Sequence, Tuple, Type, Union
 
 from specforge_outlets.scheduling import (
     QueuePolicy,
@@ -188,9 +191,39 @@ def queue_policy(name: str) -> AnyQueuePolicy:
     return _by_name(name, (QueuePolicy, PeerQueuePolicy), "queue order")
 
 
+# SGLang's --load-balance-method (round_robin, total_requests, total_tokens, outlets: the plugin's) and
+# sglang-router's --policy (power_of_two) names of the simulated routings
+ROUTING_SPELLINGS = {
+    "round_robin": RoutingPolicy.ROUND_ROBIN,
+    "total_requests": RoutingPolicy.LEAST_REQUESTS,
+    "total_tokens": PeerRoutingPolicy.TOTAL_TOKENS,
+    "outlets": RoutingPolicy.LEAST_PREDICTED_WORK,
+    "power_of_two": RoutingPolicy.POWER_OF_TWO,
+}
+
+
+def _routings() -> Dict[str, AnyRoutingPolicy]:
+    """Every routing by every name it has: the simulator's, then SGLang's and sglang-router's."""
+    return {**{member.value: member for kind in (RoutingPolicy, PeerRoutingPolicy) for member in kind},
+            **ROUTING_SPELLINGS}
+
+
+def routing_names() -> List[str]:
+    """Every name :func:`routing_policy` takes."""
+    return list(_routings())
+
+
 def routing_policy(name: str) -> AnyRoutingPolicy:
-    """The plugin's routing or SGLang's of that name."""
-    return _by_name(name, (RoutingPolicy, PeerRoutingPolicy), "routing")
+    """The plugin's routing or SGLang's of that name, in the simulator's spelling or SGLang's and sglang-router's."""
+    routings = _routings()
+    if name not in routings:
+        raise ValueError(f"unknown routing {name!r}; one of {', '.join(routings)}")
+    return routings[name]
+
+
+def routing_spelling(policy: AnyRoutingPolicy) -> str:
+    """``policy`` as SGLang's --load-balance-method or sglang-router's --policy names it."""
+    return next(name for name, member in ROUTING_SPELLINGS.items() if member is policy)
 
 
 def create_queue(policy: AnyQueuePolicy, config: SchedulingConfig, max_new_tokens: int) -> RequestQueue:

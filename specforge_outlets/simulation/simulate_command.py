@@ -10,6 +10,8 @@ def register(subparsers) -> None:
         DEFAULT_AGING_TOKENS_PER_S, DEFAULT_FOOTPRINT_CONTEXT_TOKENS, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN,
         DEFAULT_MAX_RETRACTIONS, DEFAULT_PRIOR_OUTPUT_LEN, DEFAULT_RISK_BETA, OrderKey,
     )
+    from specforge_outlets.scheduling import RoutingPolicy
+    from specforge_outlets.simulation.sglang_peers import routing_names, routing_policy
 
     parser = subparsers.add_parser(
         "simulate",
@@ -34,10 +36,12 @@ def register(subparsers) -> None:
     parser.add_argument("--rate-scale", type=float, nargs="+", default=[1.0],
                         help="arrival-rate multipliers to sweep (default 1)")
     parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
-                        choices=["round-robin", "least-requests", "least-predicted-work", "total-tokens", "power-of-two"],
+                        choices=routing_names(),
                         help="routing: the plugin's, and for comparison SGLang's total-tokens balancing and "
                              "sglang-router's power-of-two (two random instances, loads polled every "
-                             "load_poll_interval_s of --config, draws seeded by --seed)")
+                             "load_poll_interval_s of --config, draws seeded by --seed); SGLang's "
+                             "--load-balance-method and sglang-router's --policy names are taken too (round_robin, "
+                             "total_requests, total_tokens, outlets, power_of_two)")
     parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
                         choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"],
                         help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first, lof and hrrn "
@@ -55,7 +59,7 @@ def register(subparsers) -> None:
     parser.add_argument("--no-controlled-study", action="store_true",
                         help="skip the SJF-fixed, predictor-varied study")
     parser.add_argument("--study-routing", default="least-predicted-work",
-                        choices=["round-robin", "least-requests", "least-predicted-work", "power-of-two"],
+                        choices=[name for name in routing_names() if isinstance(routing_policy(name), RoutingPolicy)],
                         help="routing of the controlled study (default least-predicted-work)")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
@@ -93,9 +97,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from specforge_outlets.errors import OutletsError
     from specforge_outlets.evaluation.predictions_file import read_predictions
-    from specforge_outlets.scheduling import RoutingPolicy, SchedulingConfig
+    from specforge_outlets.scheduling import SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
-    from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+    from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy, routing_spelling
     from specforge_outlets.simulation.predictors import PredictorKind, read_file_quantiles
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
@@ -136,12 +140,13 @@ def run(args) -> int:
                            if row.trajectory is not None}
         if all(request_id in with_trajectory for request_id in trace.ids):  # re-prediction against its static r̂_0
             study_predictors.insert(3, PredictorKind.FILE_DYNAMIC)
+    routings = [routing_policy(name) for name in args.routing]
     plan = StudyPlan(
         rate_scales=args.rate_scale,
-        policies=policy_grid([routing_policy(r) for r in args.routing], [queue_policy(q) for q in args.queue]),
+        policies=policy_grid(routings, [queue_policy(q) for q in args.queue]),
         predictor=predictor,
         study_predictors=study_predictors,
-        study_routing=RoutingPolicy(args.study_routing),
+        study_routing=routing_policy(args.study_routing),
         noise_sigma=args.noise_sigma,
         predictions_path=args.predictions,
         short_threshold=args.short_threshold,
@@ -156,9 +161,12 @@ def run(args) -> int:
         "trace": trace.name,
         "requests": len(trace),
         "trace_duration_s": trace.duration_s,
-        "cluster": {key: getattr(value, "value", value) for key, value in dataclasses.asdict(cluster).items()},
+        "cluster": plain_fields(cluster),
         "kv_capacity_tokens_per_instance": cluster.kv_capacity(),
-        "scheduling": dataclasses.asdict(scheduling),
+        "scheduling": plain_fields(scheduling),
+        # the rows' routing names as SGLang's --load-balance-method and sglang-router's --policy say them
+        "routing_in_sglang": {policy.value: routing_spelling(policy)
+                              for policy in [*routings, plan.study_routing]},
         "noise_sigma": args.noise_sigma,
         "short_threshold": args.short_threshold,
         "slo_s": plan.slo,
@@ -167,3 +175,8 @@ def run(args) -> int:
     for path in write_report(args.output, header, rows):
         print(f"wrote {path}")
     return 0
+
+
+def plain_fields(config) -> dict:
+    """A config dataclass's fields with enums as their values, as the summary prints and stores them."""
+    return {key: getattr(value, "value", value) for key, value in dataclasses.asdict(config).items()}
