@@ -47,8 +47,13 @@ def test_pack_then_unpack_gives_the_regenerated_rows_back(target, tmp_path):
         write_jsonl(regen / f"{stem}.filtered.jsonl",
                     [{**r, "filtered": "turn 1 response is longer than 3 tokens"}
                      for r in rows if r["conversations"][-1]["finish_reason"] == "length"])
-        (regen / f"{stem}.summary.json").write_text(json.dumps({"kept": 1}))
+        (regen / f"{stem}.summary.json").write_text(json.dumps({  # a regeneration resumed from an unpacked set
+            "kept": 1, "input": str(data / "test.jsonl"), "output": str(regen / f"{stem}.jsonl"),
+            "unpacked_from": str(tmp_path / "elsewhere")}))
     pack_label_set(str(regen), ["test.jsonl", "noise-seed1.jsonl"], str(packed))
+    summary = json.loads((packed / "summary.json").read_text())  # committed: no path of this machine
+    assert str(tmp_path) not in json.dumps(summary) and "unpacked_from" not in summary["test"]
+    assert (summary["test"]["input"], summary["test"]["output"]) == ("test.jsonl", "test.jsonl")
     packed_rows = read_packed(str(packed / "test.jsonl.gz"))
     first_bytes = (packed / "test.jsonl.gz").read_bytes()
     time.sleep(1.1)  # gzip stamps the time in seconds; an unchanged file must still pack to the same bytes

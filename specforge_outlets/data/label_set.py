@@ -101,12 +101,24 @@ def pack_label_set(regen_dir: str, names: Iterable[str], packed_dir: str) -> Non
         summary_path = os.path.join(regen_dir, f"{stem}.summary.json")
         if os.path.exists(summary_path):  # `outlets regenerate` finished this file
             with open(summary_path, encoding="utf-8") as handle:
-                summaries[stem] = {**json.load(handle), "complete": True}
+                summaries[stem] = {**_portable(json.load(handle)), "complete": True}
         else:  # still being regenerated: packed as far as it got, resumed after unpacking
             summaries[stem] = {"complete": False}
         summaries[stem]["packed_rows"] = len(rows)
     with open(os.path.join(packed_dir, SUMMARY), "w", encoding="utf-8") as handle:
         json.dump(summaries, handle, indent=2)
+
+
+def _portable(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """A regeneration's summary as a committed label set keeps it: no path of the machine that made it.
+
+    Its input and output keep their file names; where it was last unpacked from (a regeneration
+    resumed from an unpacked set) is left out."""
+    kept = {key: value for key, value in summary.items() if key != "unpacked_from"}
+    for key in ("input", "output"):
+        if isinstance(kept.get(key), str):
+            kept[key] = os.path.basename(kept[key])
+    return kept
 
 
 def read_packed(path: str) -> List[Dict[str, Any]]:
