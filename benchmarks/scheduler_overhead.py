@@ -24,6 +24,10 @@ hooks are the real ones.
 
     .venv-serve/bin/python benchmarks/scheduler_overhead.py measure --output benchmarks/data/scheduler-overhead
     .venv/bin/python benchmarks/scheduler_overhead.py plot benchmarks/data/scheduler-overhead/result.json
+
+``--parts ordering`` measures one part again and keeps the others' rows in the output's result.json
+(each part records the command that measured it): the predictor's cost needs a trained draft that
+not every checkout has.
 """
 
 from __future__ import annotations
@@ -305,6 +309,9 @@ def measure_predictor(draft: str, prompt_lens, repetitions: int) -> List[dict]:
 # --------------------------------------------------------------------------------------------------
 
 
+PARTS = ("ordering", "routing", "snapshot", "predictor")
+
+
 def ratio_table(ordering: List[dict]) -> str:
     lines = ["| waiting | outlets sjf | outlets tail-safe | lof | hrrn | shortest-prefill-first | sjf / lof | tail-safe / lof |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -319,18 +326,24 @@ def ratio_table(ordering: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def measured_by(result: dict, part: str) -> str:
+    return f"Measured by `{result['commands'][part]}` ({result['machines'][part]})."
+
+
 def report(result: dict) -> str:
-    parts = ["# Scheduler hot-path overhead", "", result["command"], "", "## Ordering, per scheduling round", "",
-             ratio_table(result["ordering"]), "", "## Routing, per dispatch", "",
+    parts = ["# Scheduler hot-path overhead", "", "## Ordering, per scheduling round", "",
+             measured_by(result, "ordering"), "", ratio_table(result["ordering"]), "", "## Routing, per dispatch", "",
+             measured_by(result, "routing"), "",
              "| ranks | round_robin | total_tokens | outlets | outlets / total_tokens |", "|---:|---:|---:|---:|---:|"]
     for row in result["routing"]:
         parts.append(f"| {row['ranks']} | {row['round_robin us']:.2f} us | {row['total_tokens us']:.2f} us | "
                      f"{row['outlets us']:.2f} us | x{row['outlets us'] / row['total_tokens us']:.2f} |")
-    parts += ["", "## Load snapshot, per publish (scheduler side)", "", "| running | waiting | added by outlets |",
-              "|---:|---:|---:|"]
+    parts += ["", "## Load snapshot, per publish (scheduler side)", "", measured_by(result, "snapshot"), "",
+              "| running | waiting | added by outlets |", "|---:|---:|---:|"]
     parts += [f"| {row['running']} | {row['waiting']:,} | {row['added ms']:.3f} ms |" for row in result["snapshot"]]
     if result.get("predictor"):
         parts += ["", f"## Predictor-only mode, per request (CPU, 1 thread, draft {result['draft']})", "",
+                  measured_by(result, "predictor"), "",
                   "| prompt tokens | per request | per prefill token |", "|---:|---:|---:|"]
         parts += [f"| {row['prompt tokens']} | {row['ms per request']:.2f} ms | {row['us per prefill token']:.1f} us |"
                   for row in result["predictor"]]
@@ -343,21 +356,29 @@ def measure(args: argparse.Namespace) -> None:
 
     load_plugins()
     quick = args.quick
-    result = {
-        "command": "python benchmarks/scheduler_overhead.py measure " + " ".join(sys.argv[2:]),
-        "machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}",
-        "ordering": measure_ordering(QUEUE_SIZES[:2] if quick else QUEUE_SIZES, 2 if quick else REPETITIONS),
-        "routing": measure_routing(RANKS, 2 if quick else REPETITIONS),
-        "snapshot": measure_snapshot(SNAPSHOT_WAITING, 2 if quick else REPETITIONS),
+    repetitions = 2 if quick else REPETITIONS
+    path = os.path.join(args.output, "result.json")
+    result = {"commands": {}, "machines": {}}
+    if set(args.parts) != set(PARTS) and os.path.isfile(path):
+        with open(path) as handle:
+            result = json.load(handle)
+    measured = {
+        "ordering": lambda: measure_ordering(QUEUE_SIZES[:2] if quick else QUEUE_SIZES, repetitions),
+        "routing": lambda: measure_routing(RANKS, repetitions),
+        "snapshot": lambda: measure_snapshot(SNAPSHOT_WAITING, repetitions),
+        "predictor": lambda: measure_predictor(args.draft, PROMPT_LENS[:1] if quick else PROMPT_LENS, repetitions),
     }
-    if os.path.isfile(os.path.join(args.draft, "config.json")):
-        result["draft"] = os.path.relpath(args.draft, REPO)
-        result["predictor"] = measure_predictor(args.draft, PROMPT_LENS[:1] if quick else PROMPT_LENS,
-                                                2 if quick else REPETITIONS)
-    else:
-        print(f"predictor: skipped, no outlets export at {args.draft} (run benchmarks/sharegpt_outlets.py, "
-              "or pass --draft DIR from `outlets export`)", flush=True)
-    write_text_atomic(os.path.join(args.output, "result.json"), json.dumps(result, indent=1))
+    for part in args.parts:
+        if part == "predictor" and not os.path.isfile(os.path.join(args.draft, "config.json")):
+            print(f"predictor: skipped, no outlets export at {args.draft} (run benchmarks/sharegpt_outlets.py, "
+                  "or pass --draft DIR from `outlets export`)", flush=True)
+            continue
+        if part == "predictor":
+            result["draft"] = os.path.relpath(args.draft, REPO)
+        result[part] = measured[part]()
+        result["commands"][part] = "python benchmarks/scheduler_overhead.py measure " + " ".join(sys.argv[2:])
+        result["machines"][part] = f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
+    write_text_atomic(path, json.dumps(result, indent=1))
     with open(os.path.join(args.output, "report.md"), "w") as handle:
         handle.write(report(result))
     print(report(result))
@@ -397,6 +418,8 @@ def main() -> None:
     run.add_argument("--output", default=os.path.join(REPO, "benchmarks", "data", "scheduler-overhead"))
     run.add_argument("--draft", default=DEFAULT_DRAFT, help="an `outlets export` directory for the predictor cost")
     run.add_argument("--quick", action="store_true", help="small sizes and 2 repetitions (a smoke run)")
+    run.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                     help="measure only these; the others' rows are kept from the output's result.json")
     run.set_defaults(func=measure)
     figure = commands.add_parser("plot", help="draw the figure from result.json (needs matplotlib)")
     figure.add_argument("result")

@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from itertools import compress
-from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specforge_outlets.scheduling import (
@@ -48,7 +47,6 @@ ATTR_REMAINING = "outlets_predicted_remaining"
 ATTR_QUANTILES = "outlets_predicted_output_quantiles"
 # Smallest total-length quantile kept: a draft may predict 0 remaining at prefill, the core's distributions need > 0
 MIN_QUANTILE = 1e-3
-_read_arrival = attrgetter(ATTR_ARRIVAL)
 
 
 class FallbackCounter:
@@ -70,9 +68,13 @@ class FallbackCounter:
 FALLBACKS = FallbackCounter()
 
 
-def stamp_arrival(req) -> None:
-    if getattr(req, ATTR_ARRIVAL, None) is None:
-        setattr(req, ATTR_ARRIVAL, time.monotonic())
+def stamp_arrival(req) -> float:
+    """The request's arrival stamp, set now if it has none (when it is first queued)."""
+    arrival = getattr(req, ATTR_ARRIVAL, None)
+    if arrival is None:
+        arrival = time.monotonic()
+        setattr(req, ATTR_ARRIVAL, arrival)
+    return arrival
 
 
 def arrival_time(req) -> float:
@@ -290,19 +292,23 @@ KEY_TABLE_SLACK = 1024
 
 
 class _KeyTable:
-    """The order keys of waiting requests under one scheduling config, by request."""
+    """The order keys of waiting requests under one scheduling config, by request.
+
+    Each order computes only the keys it reads: the SJF order its sort key, the tail-safe order a
+    request's class, merge key and arrival stamp (a request that has one of these has all three)."""
 
     def __init__(self) -> None:
         self.sjf: Dict[object, tuple] = {}  # request -> sjf_sort_key
         self.long: Dict[object, bool] = {}  # request -> is_predicted_long
         self.merge: Dict[object, int] = {}  # request -> tail-safe merge key
+        self.arrival: Dict[object, float] = {}  # request -> its arrival stamp (tail-safe)
 
     def drop(self, req) -> None:
-        for table in (self.sjf, self.long, self.merge):
+        for table in (self.sjf, self.long, self.merge, self.arrival):
             table.pop(req, None)
 
     def keep_only(self, reqs) -> None:
-        for name in ("sjf", "long", "merge"):
+        for name in ("sjf", "long", "merge", "arrival"):
             table = getattr(self, name)
             setattr(self, name, {req: table[req] for req in reqs if req in table})
 
@@ -340,57 +346,70 @@ class CachedOrderKeys(RequestKeys):
         self._table = _KEY_TABLES.setdefault(config, _KeyTable())
 
     def sorted_by_sjf(self, reqs) -> list:
-        return self._read_all(reqs, lambda: sorted(reqs, key=self._table.sjf.__getitem__))
+        table = self._table
+        result = self._read(reqs, table.sjf, self._compute_sjf, lambda: sorted(reqs, key=table.sjf.__getitem__))
+        self._bound(reqs, table.sjf)
+        return result
 
     def predicted_long(self, reqs) -> list:
-        return self._read_all(reqs, lambda: list(compress(reqs, map(self._table.long.__getitem__, reqs))))
+        table = self._table
+        result = self._read(reqs, table.long, self._compute_tail_safe,
+                            lambda: list(compress(reqs, map(table.long.__getitem__, reqs))))
+        self._bound(reqs, table.long)
+        return result
 
     def arrivals(self, reqs) -> List[float]:
-        # the stamp the cached keys were computed from: set once (stamp_arrival), read at C speed
-        return list(map(_read_arrival, reqs))
+        # the stamps the cached keys were computed from, kept beside them: reading a Req's own is a cache miss
+        table = self._table
+        return self._read(reqs, table.arrival, self._compute_tail_safe, lambda: list(map(table.arrival.__getitem__, reqs)))
 
     def sorted_by_merge_key(self, reqs, long_reqs, long_keys) -> list:
         merge = self._table.merge
         merge.update(zip(long_reqs, long_keys))  # the short class's keys were cached with the rest
         return sorted(reqs, key=merge.__getitem__)
 
-    def _read_all(self, reqs, read):
-        """``read()`` of a round's first pass over the list, after the keys of requests without them are computed."""
+    def _read(self, reqs, keys: dict, compute, read):
+        """``read()`` of ``reqs``' keys, after ``compute`` filled in the ``keys`` they lack."""
+        if reqs and type(reqs[-1]).__hash__ is None:
+            raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(reqs[-1]).__name__} must hash by "
+                            "identity, as SGLang's Req does")
         # Requests join at the end of the list (new arrivals, retractions): fill those in first, so
         # that the common round reads once; a request without keys anywhere else makes the read
         # raise, and then every request is checked.
-        table = self._table
         for req in reversed(reqs):
-            if req in table.sjf:
+            if req in keys:
                 break
-            self._compute(req)
+            compute(req)
         try:
-            result = read()
+            return read()
         except KeyError:
             for req in reqs:
-                if req not in table.sjf:
-                    self._compute(req)
-            result = read()
-        if len(table.sjf) > len(reqs) + KEY_TABLE_SLACK:
-            table.keep_only(reqs)
-        return result
+                if req not in keys:
+                    compute(req)
+            return read()
 
-    def _compute(self, req) -> None:
-        stamp_arrival(req)  # a request that reached the queue without our arrival hook is stamped once, here
-        arrival, predicted, generated = getattr(req, ATTR_ARRIVAL), prediction(req), num_generated(req)
-        config, table = self.config, self._table
+    def _bound(self, reqs, keys: dict) -> None:
+        """Cut the tables back to the waiting list ``reqs`` once ``keys`` holds too many requests that left it."""
+        if len(keys) > len(reqs) + KEY_TABLE_SLACK:
+            self._table.keep_only(reqs)
+
+    def _compute_sjf(self, req) -> None:
+        config = self.config
         # The distribution keys are the core's too, read once per stay like the point key: a waiting
         # request's quantiles change only with a new prediction and its generated tokens only through a
         # retraction, and both drop its keys.
         if config.order_key is OrderKey.POINT:
-            key = sjf_sort_key(predicted, generated, arrival, config)
+            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config)
         else:
             prompt_len = request_prompt_len(req) if config.order_key is OrderKey.KV_FOOTPRINT else 0
-            key = sjf_sort_key(predicted, generated, arrival, config, predicted_quantiles(req), prompt_len)
-        try:
-            table.sjf[req] = key
-        except TypeError as error:
-            raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(req).__name__} must hash by "
-                            f"identity, as SGLang's Req does: {error}") from error
-        table.long[req] = is_predicted_long(predicted, generated, config, predicted_quantiles(req))
+            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config,
+                               predicted_quantiles(req), prompt_len)
+        self._table.sjf[req] = key
+
+    def _compute_tail_safe(self, req) -> None:
+        config, table = self.config, self._table
+        quantiles = None if config.long_class_quantile is None else predicted_quantiles(req)
+        table.long[req] = is_predicted_long(prediction(req), num_generated(req), config, quantiles)
+        arrival = table.arrival[req] = stamp_arrival(req)
         table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order
+

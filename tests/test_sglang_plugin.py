@@ -246,7 +246,8 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
-        assert len(P._KEY_TABLES[config].sjf) <= len(queue) + P.KEY_TABLE_SLACK
+        table = P._KEY_TABLES[config]
+        assert max(map(len, (table.sjf, table.long, table.merge, table.arrival))) <= len(queue) + P.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
 
 
@@ -257,8 +258,9 @@ def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monke
     state.reset_settings()
     config = state.settings().scheduling
     calls = []
-    real = P.sjf_sort_key
-    monkeypatch.setattr(P, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
+    key = "sjf_sort_key" if order == "sjf" else "is_predicted_long"  # the keys each order computes
+    real = getattr(P, key)
+    monkeypatch.setattr(P, key, lambda *args: calls.append(args) or real(*args))
     monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: 300.0))
     queue = [request(str(i), float(1000 - i), arrival=float(i)) for i in range(200)]
     ordering.sort_waiting(queue, config)
