@@ -16,6 +16,15 @@ With ``--outlets-kv-quantile Q`` the charge is instead the Q-quantile of the pre
 quantiles when it has them, else a point mass at its prediction, which charges the predicted
 remaining without a margin (as the simulator's ``kv_admission: quantile``).
 
+With ``--outlets-kv-margin peak`` (``specforge_outlets.scheduling.PeakAdmission``) nothing is charged
+ahead (both hooks charge 0 output tokens, so SGLang's arithmetic checks only that the prompt fits now)
+and ``add_one_req`` first refuses a request (``NO_TOKEN``) when the predicted future peak of the KV
+cache with it, the running requests and those admitted earlier in the round would exceed what the
+cache holds; each request grows to its predicted end, and one that outlived its prediction is
+predicted again from the output lengths this scheduler saw finish (recorded as requests leave their
+batch, ``ScheduleBatch.filter_batch``). ``past-future`` reads those lengths only. A chunked prompt
+still being prefilled is not in the peak of the rounds its chunks span.
+
 A request that ignores EOS runs to ``max_new_tokens`` whatever is predicted and is charged as stock.
 Requests are predicted at admission only when the prediction came with them (``custom_params``) or
 they were predicted before (a retracted request back in the queue).
@@ -27,55 +36,103 @@ from typing import Optional
 
 from sglang_patches import predictions as P
 from sglang_patches import state
-from specforge_outlets.scheduling import KVAdmission, KVRequest, SGLangAdmission, create_admission
+from specforge_outlets.scheduling import (
+    DEFAULT_KV_QUANTILE,
+    Admission,
+    CacheState,
+    KVRequest,
+    OutputLengthHistory,
+    PeakAdmission,
+    create_admission,
+)
 
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+# The peak round of an admission round, kept on its PrefillAdder (a new adder per round)
+ATTR_PEAK_ROUND = "_outlets_peak_round"
+
+# The output lengths of the requests this scheduler finished (the peak admissions read them)
+HISTORY = OutputLengthHistory()
 
 
-def _admission(current) -> Optional[SGLangAdmission]:
+def admission() -> Optional[Admission]:
     """The scheduling core's strategy for the rule the settings ask for, None for SGLang's own estimate."""
-    if current.kv_margin is None:
+    current = state.settings()
+    if current.kv_admission is None or not state.schedule_policy_is_outlets():
         return None
-    policy = KVAdmission.PREDICTED if current.kv_quantile is None else KVAdmission.QUANTILE
-    return create_admission(policy, current.scheduling, current.kv_margin, current.kv_quantile)
+    level = DEFAULT_KV_QUANTILE if current.kv_quantile is None else current.kv_quantile
+    return create_admission(current.kv_admission, current.scheduling, current.kv_margin or 0.0, level,
+                            history=HISTORY)
 
 
-def kv_request(req) -> KVRequest:
-    """What the scheduling core's admission reads from an SGLang ``Req``."""
+def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
+    """What the scheduling core's admission reads from an SGLang ``Req`` holding ``held`` KV tokens,
+    whose prefill adds ``extend``."""
     params = req.sampling_params
-    return KVRequest(0, P.num_generated(req), params.max_new_tokens, P.prediction(req), P.predicted_quantiles(req),
-                     bool(getattr(params, "ignore_eos", False)))
+    return KVRequest(extend, P.num_generated(req), params.max_new_tokens, P.prediction(req), P.predicted_quantiles(req),
+                     bool(getattr(params, "ignore_eos", False)), held)
 
 
-def _predicted_budget(req):
-    """Output KV tokens to charge ``req`` from now on, or None to charge as SGLang does."""
-    admission = _admission(state.settings())
-    if admission is None or not state.schedule_policy_is_outlets():
-        return None
-    return admission.output_budget(kv_request(req))
+def running_kv_request(req) -> KVRequest:
+    """A running request: SGLang holds its prompt and output but the last token (the next decode step writes it)."""
+    return kv_request(req, held=len(req.origin_input_ids) + len(req.output_ids) - 1)
+
+
+def _peak_round(adder, rule: PeakAdmission):
+    """The peak round of this admission round, opened at its first request on the cache as it is then."""
+    round_ = getattr(adder, ATTR_PEAK_ROUND, None)
+    if round_ is None:
+        free = adder.token_to_kv_pool_allocator.available_size() + adder.tree_cache.evictable_size()
+        running = [] if adder.running_batch is None else adder.running_batch.reqs
+        round_ = rule.open_round(CacheState(free, [running_kv_request(req) for req in running]))
+        setattr(adder, ATTR_PEAK_ROUND, round_)
+    return round_
 
 
 def running_token_offset_around(original, self, req):
-    """A running request holds its predicted remaining (+ margin) of output KV."""
-    budget = _predicted_budget(req)
+    """A running request is charged the strategy's output budget (the peak's: nothing ahead)."""
+    rule = admission()
+    budget = None if rule is None else rule.output_budget(kv_request(req))
     return original(self, req) if budget is None else budget
 
 
 def add_one_req_around(original, self, req, *args, **kwargs):
-    """A request being admitted is charged its predicted remaining (+ margin) of output KV."""
-    budget = _predicted_budget(req)
+    """A request being admitted is charged the strategy's output budget; under the peak rule it is refused
+    (``NO_TOKEN``, as when SGLang's own arithmetic finds no room) when the future peak with it would not fit."""
+    rule = admission()
+    budget = None if rule is None else rule.output_budget(kv_request(req))
     if budget is None:
         return original(self, req, *args, **kwargs)
+    round_ = candidate = None
+    if isinstance(rule, PeakAdmission):  # what add_one_req prefills: the request's fill less its cached prefix
+        round_ = _peak_round(self, rule)
+        candidate = kv_request(req, extend=len(req.full_untruncated_fill_ids) - req.prefix_len)
+        if not round_.fits(candidate):
+            from sglang.srt.managers.schedule_policy import AddReqResult
+
+            return AddReqResult.NO_TOKEN
     params = req.sampling_params
     asked = params.max_new_tokens
     params.max_new_tokens = len(req.output_ids) + budget
     try:
-        return original(self, req, *args, **kwargs)
+        result = original(self, req, *args, **kwargs)
     finally:
         params.max_new_tokens = asked
+    if round_ is not None and (req in self.can_run_list or self.new_chunked_req is req):
+        round_.add(candidate)
+    return result
+
+
+def filter_batch_before(self, *args, **kwargs):
+    """Requests leave a batch when they finish: their output lengths are the peak admissions' history."""
+    for req in self.reqs:
+        if req.finished():
+            HISTORY.record(len(req.output_ids))
+    return None
 
 
 HOOK_TARGETS = [
     (f"{_ADDER}._get_running_request_total_token_offset", running_token_offset_around, "AROUND", {state.ORDERING}),
     (f"{_ADDER}.add_one_req", add_one_req_around, "AROUND", {state.ORDERING}),
+    (f"{_BATCH}.filter_batch", filter_batch_before, "BEFORE", {state.ORDERING}),
 ]

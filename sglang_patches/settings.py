@@ -20,6 +20,8 @@ from specforge_outlets.model.fusion import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
     DEFAULT_KV_MARGIN,
+    PEAK_ADMISSIONS,
+    KVAdmission,
     DEFAULT_LONG_HOLDBACK,
     DEFAULT_LONG_OUTPUT_LEN,
     DEFAULT_MAX_RETRACTIONS,
@@ -45,6 +47,8 @@ ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
 ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
 # --outlets-kv-margin value that leaves KV admission to SGLang's own estimate
 KV_ADMISSION_OFF = "off"
+# --outlets-kv-margin values that admit by the KV cache's future peak instead of a charge (issue 35)
+KV_PEAK_RULES = {rule.value: rule for rule in PEAK_ADMISSIONS}
 ENV_MAX_RETRACTIONS = "OUTLETS_MAX_RETRACTIONS"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
 # Predicted length distributions (issue 27): what the SJF order reads, the tail-safe class, KV admission by a quantile,
@@ -93,7 +97,11 @@ FLAGS = (
     ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, str,
      "OUTLETS: KV admission by prediction. A request with a prediction is charged its predicted remaining "
      "length x (1 + this margin) of output KV, at most SGLang's own cap, instead of its remaining max_new_tokens "
-     f"(new_token_ratio of it once running). Default {DEFAULT_KV_MARGIN:g}; off: SGLang's estimate."),
+     f"(new_token_ratio of it once running). Default {DEFAULT_KV_MARGIN:g}; off: SGLang's estimate. "
+     f"{KVAdmission.PEAK.value}: admit a request only while the predicted future peak of the KV cache with it fits "
+     "(each request grows to its predicted end, then frees its KV; one that outlived its prediction is predicted "
+     f"again from the output lengths seen); {KVAdmission.PAST_FUTURE.value}: the same peak from the output lengths "
+     "seen only, no prediction (LightLLM's past-future scheduler)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
      f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
@@ -110,7 +118,8 @@ FLAGS = (
     ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
      "OUTLETS: KV admission by prediction charges this quantile of the predicted remaining length instead of "
      "predicted x (1 + --outlets-kv-margin); a request without quantiles is charged its point prediction "
-     "(default: unset, the margin). A level strictly between 0 and 1."),
+     f"(default: unset, the margin). With --outlets-kv-margin {KVAdmission.PEAK.value}: the quantile each request's "
+     "end is read at (default 0.9). A level strictly between 0 and 1."),
     ("--outlets-quantile-levels", "outlets_quantile_levels", ENV_QUANTILE_LEVELS, str,
      f"OUTLETS: levels of the predicted quantiles, comma-separated (default: the OUTLETS draft's quantile_levels "
      f"when it has a quantile head, else {','.join(f'{level:g}' for level in DEFAULT_QUANTILE_LEVELS)}); a client's "
@@ -127,9 +136,11 @@ class PluginSettings:
     scheduling: SchedulingConfig
     order: QueuePolicy
     draft_path: Optional[str]
-    kv_margin: Optional[float] = DEFAULT_KV_MARGIN  # None: SGLang's own KV estimate
+    kv_margin: Optional[float] = DEFAULT_KV_MARGIN  # None: no charge by prediction
     # KV admission by this quantile of the predicted remaining length instead of the margin (None: the margin)
     kv_quantile: Optional[float] = None
+    # the KV admission rule (scheduling.KVAdmission) those select; None: SGLang's own estimate
+    kv_admission: Optional[KVAdmission] = KVAdmission.PREDICTED
 
 
 def _env_number(env: Mapping[str, str], name: str, default, kind=float):
@@ -165,12 +176,20 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         raise OutletsSettingsError(
             f"{ENV_LONG_CLASS_QUANTILE} (--outlets-long-class-quantile) sets the tail-safe order's long class, but the "
             f"order is {order.value}: leave it out, or use --outlets-order {QueuePolicy.TAIL_SAFE.value}")
-    kv_margin = _kv_margin(env.get(ENV_KV_MARGIN) or "")
+    kv_rule = (env.get(ENV_KV_MARGIN) or "").strip()
+    kv_peak = KV_PEAK_RULES.get(kv_rule.lower())
+    kv_margin = None if kv_peak else _kv_margin(kv_rule)
     kv_quantile = _env_level(env, ENV_KV_QUANTILE, "--outlets-kv-quantile")
-    if kv_quantile is not None and kv_margin is None:
+    if kv_quantile is not None and kv_peak is not KVAdmission.PEAK and kv_margin is None:
         raise OutletsSettingsError(
             f"{ENV_KV_QUANTILE} (--outlets-kv-quantile) sets KV admission by prediction, which "
-            f"{ENV_KV_MARGIN} (--outlets-kv-margin)={KV_ADMISSION_OFF} turns off: leave one of them out")
+            f"{ENV_KV_MARGIN} (--outlets-kv-margin)={kv_rule} does not read: leave one of them out")
+    if kv_peak:
+        kv_admission = kv_peak
+    elif kv_margin is None:
+        kv_admission = None
+    else:
+        kv_admission = KVAdmission.PREDICTED if kv_quantile is None else KVAdmission.QUANTILE
     draft = env.get(ENV_DRAFT) or None
     levels = quantile_levels(env.get(ENV_QUANTILE_LEVELS) or "", draft_quantile_levels(draft) if draft else None,
                              f"--outlets-draft-path {draft}")
@@ -188,7 +207,7 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
     return PluginSettings(scheduling=config, order=order, draft_path=draft, kv_margin=kv_margin,
-                          kv_quantile=kv_quantile)
+                          kv_quantile=kv_quantile, kv_admission=kv_admission)
 
 
 def _env_level(env: Mapping[str, str], name: str, flag: str) -> Optional[float]:
@@ -262,8 +281,8 @@ def _kv_margin(raw: str) -> Optional[float]:
     except ValueError:
         margin = math.nan
     if not (margin >= 0 and math.isfinite(margin)):
-        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={raw!r}: give a number >= 0, or "
-                                   f"{KV_ADMISSION_OFF} for SGLang's own estimate")
+        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={raw!r}: give a number >= 0, "
+                                   f"{' or '.join(KV_PEAK_RULES)}, or {KV_ADMISSION_OFF} for SGLang's own estimate")
     return margin
 
 

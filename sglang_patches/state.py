@@ -226,8 +226,10 @@ def log_startup(where: str) -> None:
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
-    if current.kv_margin is None:
+    if current.kv_admission is None:
         kv = "SGLang's estimate"
+    elif current.kv_margin is None:
+        kv = current.kv_admission.value
     elif current.kv_quantile is not None:
         kv = f"quantile {current.kv_quantile:g} of the predicted remaining"
     else:

@@ -5,6 +5,8 @@ That they decide as SGLang's ``PrefillAdder`` (with and without the plugin's hoo
 tests/test_vllm_admission_against_vllm.py); here, each rule's arithmetic on hand-computed cases.
 """
 
+import random
+
 import pytest
 
 from specforge_outlets.scheduling import (
@@ -12,12 +14,16 @@ from specforge_outlets.scheduling import (
     CacheState,
     KVAdmission,
     KVRequest,
+    OutputLengthHistory,
+    PastFutureAdmission,
+    PeakAdmission,
     PredictedChargeAdmission,
     QuantileChargeAdmission,
     SchedulingConfig,
     SGLangAdmission,
     VLLMAdmission,
     create_admission,
+    future_peak,
 )
 from specforge_outlets.simulation.vllm_admission import VLLM_0_13, VLLM_0_34
 
@@ -87,3 +93,76 @@ def test_the_factory_gives_each_rule_its_strategy():
         create_admission(KVAdmission.VLLM, CONFIG)
     with pytest.raises(ValueError, match="reserves per request"):
         create_admission(KVAdmission.MAX_NEW_TOKENS, CONFIG)
+
+
+# --- the future peak ------------------------------------------------------------------------------
+
+
+def brute_force_peak(occupants) -> float:
+    """The most held at once, step by step: each holds h + t at step t <= r."""
+    steps = int(max((r for _, r in occupants), default=0))
+    return max((sum(h + t for h, r in occupants if t <= r) for t in range(steps + 1)), default=0.0)
+
+
+def test_the_future_peak_is_the_most_held_at_once_step_by_step():
+    assert future_peak([(100, 10), (50, 3)]) == 150 + 2 * 3 == brute_force_peak([(100, 10), (50, 3)])
+    assert future_peak([(1000, 0), (10, 50)]) == 1010  # what they hold now: a prompt about to finish
+    assert future_peak([]) == 0
+    rng = random.Random(0)
+    for _ in range(200):
+        occupants = [(rng.randint(0, 300), rng.randint(0, 60)) for _ in range(rng.randint(1, 8))]
+        assert future_peak(occupants) == brute_force_peak(occupants), occupants
+
+
+def test_the_history_reads_the_expected_remaining_length_given_survival():
+    history = OutputLengthHistory(window=3)
+    assert history.mean_remaining(10, 500) == 490  # nothing seen: what is left of max_new_tokens
+    for length in (10, 20, 30, 40):  # the window keeps the last three
+        history.record(length)
+    assert len(history) == 3
+    assert history.mean_remaining(0, 100) == (20 + 30 + 40 + 100) / 4
+    assert history.mean_remaining(25, 100) == (30 + 40 + 100) / 3 - 25  # longer than 25 only, and the cap
+    assert history.mean_remaining(50, 100) == 50  # outlived all of them: what is left of max_new_tokens
+
+
+def test_the_peak_reads_each_requests_end_from_its_prediction_then_from_the_history():
+    history = OutputLengthHistory()
+    for length in (100, 300):
+        history.record(length)
+    config = SchedulingConfig(quantile_levels=(0.1, 0.5, 0.9))
+    peak = PeakAdmission(0.9, config, history)
+    assert peak.predicted_total(KVRequest(0, 50, 1000, 200.0)) == 200  # the prediction (the oracle: the truth)
+    outlived = KVRequest(0, 250, 1000, 200.0)  # past its prediction: predicted again, not charged nothing
+    assert peak.predicted_total(outlived) == 250 + history.mean_remaining(250, 1000) == 650
+    assert peak.predicted_total(KVRequest(0, 0, 150, 200.0)) == 150  # never past max_new_tokens
+    assert peak.predicted_total(KVRequest(0, 0, 1000, 20.0, ignore_eos=True)) == 1000
+    wide = KVRequest(0, 0, 5000, 200.0, (50.0, 200.0, 1200.0))
+    assert peak.predicted_total(wide) > PeakAdmission(0.5, config, history).predicted_total(wide) > 150  # the risk
+    assert peak.predicted_total(wide._replace(generated=3000)) == 3000 + history.mean_remaining(3000, 5000)
+    past_future = PastFutureAdmission(0.9, config, history)
+    assert past_future.predicted_total(KVRequest(0, 50, 1000, 200.0)) == 50 + history.mean_remaining(50, 1000)
+
+
+def test_the_peak_admits_while_the_future_peak_with_the_request_fits_the_cache():
+    peak = PeakAdmission(0.9, CONFIG, OutputLengthHistory())
+    running = [KVRequest(0, 10, 1000, 110.0, held=400)]  # holds 400, 100 steps left: 500 at its end
+    free = 600.0  # a cache of 1,000
+    # a 300-token prompt that ends after 50 tokens: 49 steps after its prefill; peak 400 + 49 + 300 + 49 = 798
+    first = KVRequest(300, 0, 1000, 50.0)
+    round_ = peak.open_round(CacheState(free, running))
+    assert round_.capacity == 1000 and round_.charged == 0  # nothing charged ahead
+    assert round_.admit(first) and round_.occupants[-1] == (300, 49)
+    # a prompt of 160 that ends after 100 tokens (99 steps): when the first ends (step 49) the three hold
+    # 400 + 49, 160 + 49 and 300 + 49: 1,007; with a prompt of 150, 997
+    assert not round_.admit(KVRequest(160, 0, 1000, 100.0))
+    assert round_.admit(KVRequest(150, 0, 1000, 100.0)) and not round_.exhausted
+    assert round_.charged == 301 + 151  # SGLang's arithmetic: each prompt and its page, no output
+    long_prompt = peak.open_round(CacheState(600.0, running))  # a prompt that fits the peak but not the cache now
+    assert not long_prompt.admit(KVRequest(600, 0, 1000, 1.0))  # 600 + 1 page is not below 600 free
+
+
+def test_past_future_and_peak_come_from_the_factory_with_the_instances_history():
+    history = OutputLengthHistory()
+    peak = create_admission(KVAdmission.PEAK, CONFIG, level=0.8, history=history)
+    assert type(peak) is PeakAdmission and peak.level == 0.8 and peak.history is history
+    assert type(create_admission(KVAdmission.PAST_FUTURE, CONFIG)) is PastFutureAdmission

@@ -1,4 +1,5 @@
-"""The simulator's KV admission modes beside the plugin's: SGLang's own (kv_admission: sglang).
+"""The simulator's KV admission modes beside the plugin's charge: SGLang's own (kv_admission: sglang), the
+predicted future peak (peak) and the past-future peak (past-future).
 
 That SGLang decides the same is tested in the serve environment (tests/test_sglang_admission.py);
 here: where the mode applies, and that every request of a cache-bound run finishes under every order.
@@ -12,10 +13,11 @@ import pytest
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import SchedulingConfig
 from specforge_outlets.simulation import sglang_admission
-from specforge_outlets.simulation.cluster import cluster_config_from_dict
-from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.cluster import PredictionPoint, cluster_config_from_dict
+from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
 from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from specforge_outlets.serving.trace import Trace
 from tests.binding_cache import binding_cluster, binding_trace
 
 
@@ -52,3 +54,105 @@ def test_the_ratio_knobs_are_sglangs_defaults_unless_tuned():
     assert (ratio.init, ratio.current, ratio.minimum) == pytest.approx((1.0, 1.0, 0.05))
     with pytest.raises(OutletsError, match="new_token_ratio_decay_steps must be a positive integer"):
         cluster_config_from_dict({"new_token_ratio_decay_steps": 0}, "test")
+
+
+# --- the predicted future peak (kv_admission: peak) --------------------------------------------------
+
+
+def run_with_true_lengths(admission: str, queue: str):
+    """The binding workload with every request's true length known on arrival (the oracle)."""
+    trace = binding_trace()
+    cluster = dataclasses.replace(binding_cluster(admission), predict_at=PredictionPoint.ARRIVAL)
+    return Simulation(trace, [float(n) for n in trace.output_lens], cluster,
+                      Policy(routing_policy("round-robin"), queue_policy(queue)), SchedulingConfig()).run()
+
+
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe"])
+def test_the_peak_with_true_lengths_never_retracts(queue):
+    result = run_with_true_lengths("peak", queue)
+    assert np.isfinite(result.finish_times).all() and result.retractions.sum() == 0
+    assert run_with_true_lengths("sglang", queue).retractions.sum() > 0  # the cache binds: SGLang's ratio retracts
+
+
+def most_held(occupants) -> int:
+    """The most KV held at once over the coming decode steps, step by step: each (h, r) holds h + t at step t <= r."""
+    held, steps = np.array(occupants, dtype=np.int64).reshape(-1, 2).T
+    t = np.arange(int(steps.max(initial=0)) + 1)
+    alive = steps[:, None] >= t[None, :]
+    return int(((held[:, None] + t[None, :]) * alive).sum(axis=0).max(initial=0))
+
+
+def record_peak_rounds(monkeypatch) -> list:
+    """Every admission round of the simulator's engines: the cache, what the running, prefilling and waiting
+    requests (queue order) hold once prefilled and the decode steps each has left by its true length, the
+    free running slots, and how many the round admitted."""
+    rounds = []
+    sglang_round = EngineInstance._sglang_round
+
+    def recorded(engine, now):
+        steps = engine.steps_done
+        running = [(r.input_len + (1 + steps - r.join_step) - 1, r.output_len - (1 + steps - r.join_step))
+                   for r in engine.running.values()]
+        running += [(r.prefill_claim, r.output_len - r.num_generated_tokens - 1) for r in engine.prefilling]
+        waiting = [(r.prefill_left, r.output_len - r.num_generated_tokens - 1) for r in engine.queue]
+        slots = engine.max_running - len(engine.running) - len(engine.prefilling)
+        asked = bool(engine.queue) and not (engine.batch_is_full and engine.running)
+        before = len(engine.queue)
+        sglang_round(engine, now)
+        if asked:
+            rounds.append((engine.capacity, running, waiting, slots, before - len(engine.queue)))
+
+    monkeypatch.setattr(EngineInstance, "_sglang_round", recorded)
+    return rounds
+
+
+def refusals_that_would_overflow(rounds) -> int:
+    """Asserts that every round's admissions never overflow as the true lengths play out, and that one more
+    request in queue order would have; how many rounds refused one."""
+    refused = 0
+    for capacity, running, waiting, slots, admitted in rounds:
+        assert most_held(running + waiting[:admitted]) <= capacity
+        if admitted < min(len(waiting), slots):
+            assert most_held(running + waiting[:admitted + 1]) > capacity, (capacity, running, waiting, admitted)
+            refused += 1
+    return refused
+
+
+def test_the_peak_with_true_lengths_admits_the_longest_queue_prefix_that_never_overflows(monkeypatch):
+    """At every admission round, what the peak admits never overflows the cache as the true lengths play out,
+    and one more request in queue order would: no rule that never retracts admits more at any round."""
+    rounds = record_peak_rounds(monkeypatch)
+    assert run_with_true_lengths("peak", "fcfs").retractions.sum() == 0
+    assert refusals_that_would_overflow(rounds) > 50 and any(admitted > 1 for *_, admitted in rounds)
+
+
+def test_the_peak_with_true_lengths_is_exact_to_the_token(monkeypatch):
+    """A burst on caches a token apart around where its rounds' decisions flip: each admits exactly what fits."""
+    rng = np.random.default_rng(3)
+    trace = Trace("burst", [str(i) for i in range(6)], np.zeros(6), rng.integers(50, 300, 6), rng.integers(2, 80, 6))
+    decisions = set()
+    for capacity in range(600, 900):
+        rounds = record_peak_rounds(monkeypatch)
+        cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": capacity,
+                                            "max_new_tokens": 100, "kv_admission": "peak", "predict_at": "arrival"},
+                                           "test")
+        result = Simulation(trace, [float(n) for n in trace.output_lens], cluster,
+                            Policy(routing_policy("round-robin"), queue_policy("fcfs")), SchedulingConfig()).run()
+        assert result.retractions.sum() == 0
+        refusals_that_would_overflow(rounds)
+        decisions.add(tuple(admitted for *_, admitted in rounds))
+        monkeypatch.undo()
+    assert len(decisions) >= 5  # the sweep crosses the rounds' thresholds
+
+
+def test_peak_admission_needs_colocated_instances():
+    with pytest.raises(OutletsError, match="kv_admission peak gates SGLang's PrefillAdder.*set mode colocated"):
+        cluster_config_from_dict({"mode": "disaggregated", "kv_admission": "peak"}, "test")
+
+
+@pytest.mark.parametrize("admission", ["peak", "past-future"])
+def test_every_request_finishes_under_the_peak_with_rough_predictions_or_none(admission):
+    trace = binding_trace()
+    result = Simulation(trace, predict_lengths(PredictorKind.NOISY, trace, 0), binding_cluster(admission),
+                        Policy(routing_policy("round-robin"), queue_policy("tail-safe")), SchedulingConfig()).run()
+    assert np.isfinite(result.finish_times).all() and (result.finish_times >= result.first_token_times).all()

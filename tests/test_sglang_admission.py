@@ -21,7 +21,15 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from specforge_outlets.scheduling import KVRequest, SchedulingConfig, SGLangAdmission, admission_need  # noqa: E402
+from specforge_outlets.scheduling import (  # noqa: E402
+    KVRequest,
+    OutputLengthHistory,
+    PeakAdmission,
+    SchedulingConfig,
+    SGLangAdmission,
+    admission_need,
+    future_peak,
+)
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation import sglang_admission  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
@@ -90,12 +98,23 @@ def sglang_req(held: Held):
 def plugin_kv_admission(monkeypatch):
     """The plugin's KV admission by prediction around SGLang's ``PrefillAdder`` and its retraction order
     around ``ScheduleBatch``, as ``--schedule-policy outlets --outlets-kv-margin KV_MARGIN`` installs them."""
+    yield from plugin_hooks(monkeypatch, str(KV_MARGIN))
+
+
+@pytest.fixture
+def plugin_peak_admission(monkeypatch):
+    """The plugin's KV admission by the predicted future peak (``--outlets-kv-margin peak``)."""
+    yield from plugin_hooks(monkeypatch, "peak")
+
+
+def plugin_hooks(monkeypatch, kv_margin: str):
+    """Install the plugin's two PrefillAdder hooks and its retraction order with ``--outlets-kv-margin kv_margin``."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang_patches import kv_admission, ordering, state
     from sglang_patches.settings import ENV_KV_MARGIN
 
-    monkeypatch.setenv(ENV_KV_MARGIN, str(KV_MARGIN))
+    monkeypatch.setenv(ENV_KV_MARGIN, kv_margin)
     state.reset_settings()
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     offset, add_one_req = PrefillAdder._get_running_request_total_token_offset, PrefillAdder.add_one_req
@@ -132,8 +151,10 @@ def running_batch(pools, running: List[Held]):
     return batch
 
 
-def sglang_round(pools, running: List[Held], waiting: List[Held], ratio: float) -> Tuple[int, bool]:
-    """How many waiting requests SGLang's ``PrefillAdder`` admits, and whether the batch is then full.
+def sglang_round(pools, running: List[Held], waiting: List[Held], ratio: float,
+                 capacity: int = CAPACITY) -> Tuple[int, bool]:
+    """How many waiting requests SGLang's ``PrefillAdder`` admits on a cache of ``capacity`` tokens, and whether
+    the batch is then full.
 
     The loop is ``Scheduler._get_new_batch_prefill_raw``'s over the waiting queue (the decisions are
     ``add_one_req``'s); no chunk budget, as the simulator's own chunked prefill follows admission.
@@ -142,6 +163,7 @@ def sglang_round(pools, running: List[Held], waiting: List[Held], ratio: float) 
 
     allocator, _, cache = pools
     batch = running_batch(pools, running)
+    allocator.alloc(CAPACITY - capacity)  # the rest of SGLang's pool held elsewhere
     adder = PrefillAdder(1, cache, allocator, batch, ratio, rem_input_tokens=10**9, rem_chunk_tokens=None)
     full = False
     for held in waiting:
@@ -190,6 +212,7 @@ class Recorder:
 
     def __init__(self, monkeypatch) -> None:
         self.rounds, self.retractions = [], []
+        self.histories = []  # per round, the output lengths the engine's peak admission had seen (oldest first)
         round_, make_room = EngineInstance._sglang_round, EngineInstance._make_room
         recorder = self
 
@@ -200,9 +223,11 @@ class Recorder:
             waiting = len(engine.queue)
             state = ([held_of(engine, r) for r in engine.running.values()],
                      [held_of(engine, r) for r in pop_order(engine.queue, now)], engine.new_token_ratio.current)
+            history = list(engine.history or ())
             round_(engine, now)
             if compared:
                 recorder.rounds.append((*state, waiting - len(engine.queue), engine.batch_is_full))
+                recorder.histories.append(history)
 
         def recorded_make_room(engine, now):
             running = [held_of(engine, r) for r in engine.running.values()]
@@ -218,11 +243,12 @@ class Recorder:
         monkeypatch.setattr(EngineInstance, "_make_room", recorded_make_room)
 
 
-def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optional[list] = None):
+def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optional[list] = None,
+                         admission: str = "predicted"):
     """The simulator on ``trace``: SGLang's admission, or with ``predictions`` (known on arrival) the plugin's."""
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
                                         "max_new_tokens": MAX_NEW_TOKENS, "chunked_prefill_size": 8192,
-                                        "kv_admission": "sglang" if predictions is None else "predicted",
+                                        "kv_admission": "sglang" if predictions is None else admission,
                                         "kv_prediction_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy(queue))
     return Simulation(trace, predictions or [None] * len(trace), cluster, policy, SchedulingConfig()).run()
@@ -307,6 +333,41 @@ def test_kv_admission_by_prediction_decides_as_sglang_with_the_plugin(sglang_poo
         assert sorted(gone) == sorted(expected) and ratio == pytest.approx(expected_ratio, rel=1e-12), running
 
 
+def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_trace, rough_predictions,
+                                                         plugin_peak_admission, monkeypatch):
+    """The peak's gate in ``add_one_req`` (and its zero charges) on SGLang's rounds, with the output lengths the
+    simulated instance had seen finish as the plugin's history; every retraction as SGLang's with the plugin's order."""
+    from sglang_patches import kv_admission
+
+    recorder = Recorder(monkeypatch)
+    result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions, "peak")
+    assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
+    assert len(recorder.rounds) > 20 and any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)
+    assert any(held.generated > held.predicted for running, *_ in recorder.rounds for held in running
+               if held.predicted is not None)  # outlived their predictions: predicted again from the history
+    assert len(recorder.histories[-1]) > 20
+    for (running, waiting, ratio, admitted, full), lengths in zip(recorder.rounds, recorder.histories):
+        history = OutputLengthHistory()
+        for length in lengths:
+            history.record(length)
+        monkeypatch.setattr(kv_admission, "HISTORY", history)
+        assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, lengths)
+    for running, gone, ratio in recorder.retractions:
+        expected, expected_ratio = sglang_retraction(sglang_pools, running)
+        assert sorted(gone) == sorted(expected) and ratio == pytest.approx(expected_ratio, rel=1e-12), running
+
+
+def test_the_plugin_records_the_output_lengths_of_requests_leaving_their_batch(plugin_peak_admission, monkeypatch):
+    from sglang_patches import kv_admission
+
+    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())
+    done, running = sglang_req(Held("a", 10, 7, 100)), sglang_req(Held("b", 10, 3, 100))
+    done.finished = lambda: True
+    running.finished = lambda: False
+    kv_admission.filter_batch_before(type("Batch", (), {"reqs": [done, running]})())
+    assert list(kv_admission.HISTORY) == [7]
+
+
 # --- states at the edges: a token either way of each decision ------------------------------------
 
 
@@ -332,7 +393,8 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
         engine.running[request.index] = request
         engine.kv_tokens += held.prompt + held.generated
     for held in waiting:
-        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, None, 0)
+        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, held.predicted, 0)
+        request.reveal_prediction()
         request.num_generated_tokens = held.generated  # retracted after this many, if any
         request.retractions = int(held.generated > 0)
         request.prefill_left = held.prompt + held.generated
@@ -380,6 +442,37 @@ def test_admission_at_a_token_either_side_of_the_threshold_is_sglangs(sglang_poo
                     full = result == AddReqResult.NO_TOKEN and (len(adder.can_run_list) > 0 or not batch.is_empty())
                     break
             assert ours == (len(adder.can_run_list), full), (capacity, running, waiting, ratio)
+            decisions.add(ours[0])
+            compared += 1
+        flips += len(decisions) > 1
+    assert compared >= 100 and flips >= 20  # the sweeps cross the threshold
+
+
+def test_peak_admission_at_a_token_either_side_of_the_threshold_is_the_plugins(sglang_pools, plugin_peak_admission):
+    """States whose first waiting request meets the future peak's edge, on caches a token apart: the simulator
+    with ``kv_admission: peak`` and SGLang's PrefillAdder with the plugin's hooks admit the same."""
+    rng = np.random.default_rng(4)
+    peak = PeakAdmission(0.9, SchedulingConfig(), OutputLengthHistory())  # nothing finished yet, on both sides
+    compared = flips = 0
+    for case in range(40):
+        running = [Held(str(i), int(rng.integers(20, 400)), int(rng.integers(1, 200)), 600,
+                        float(rng.choice([None, rng.integers(1, 700)]) or 0) or None) for i in range(int(rng.integers(1, 5)))]
+        waiting = [Held(str(10 + i), int(rng.integers(20, 400)), int(rng.choice([0, 0, 30])), 600,
+                        float(rng.integers(1, 700))) for i in range(3)]
+        occupants = [peak.occupant(KVRequest(0, h.generated, h.max_new, h.predicted, held=h.prompt + h.generated - 1),
+                                   True) for h in running]
+        first = waiting[0]
+        occupants.append(peak.occupant(KVRequest(first.prompt + first.generated, first.generated, first.max_new,
+                                                 first.predicted), False))
+        edge = int(np.ceil(future_peak(occupants)))  # the cache from which the first waiting request fits
+        if edge + 3 > CAPACITY:
+            continue
+        decisions = set()
+        for capacity in range(edge - 2, edge + 3):
+            engine = engine_in_state(capacity, running, waiting, 0.5, admission="peak", queue="fcfs")
+            engine._sglang_round(0.0)
+            ours = (len(waiting) - len(engine.queue), engine.batch_is_full)
+            assert ours == sglang_round(sglang_pools, running, waiting, 0.5, capacity), (capacity, running, waiting)
             decisions.add(ours[0])
             compared += 1
         flips += len(decisions) > 1

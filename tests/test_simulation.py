@@ -406,16 +406,19 @@ def test_predicted_admission_never_overflows_the_cache(overflow_check, mode):
     assert result.retractions.sum() > 0  # the path is exercised
 
 
-def test_a_lone_running_request_is_retracted_when_a_long_prompt_is_being_prefilled(unit_steps, overflow_check):
+def test_a_long_prompt_is_prefilled_alone_and_retracted_when_the_next_decode_step_does_not_fit(unit_steps,
+                                                                                               overflow_check):
     # A (predicted 1, generates 500) runs alone; B's 1,000-token prompt is admitted and prefilled in
-    # 64-token chunks while A keeps growing: without retracting A the cache would overflow.
+    # 64-token chunks, batches of their own (SGLang without --enable-mixed-chunk): A waits, so nothing
+    # overflows while B is prefilled; the first decode step after does not fit, and SGLang retracts B
+    # (the fewest output tokens).
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "chunked_prefill_size": 64,
                                         "kv_capacity_tokens": 1108, "max_new_tokens": 1, "predict_at": "arrival",
                                         "kv_admission": "predicted", "kv_prediction_margin": 0.0}, "test")
     result = simulate(make_trace([(0.0, 100, 500), (3.5, 1000, 10)]), cluster, predictions=[1.0, 1.0])
     assert not overflow_check
     assert np.all(np.isfinite(result.finish_times))
-    assert result.retractions.tolist() == [1, 0]
+    assert result.retractions.tolist() == [0, 1]
 
 
 def test_a_predicted_reservation_is_never_above_the_full_one(unit_steps):

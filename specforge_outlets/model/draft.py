@@ -20,6 +20,7 @@ from specforge_outlets.model.draft_config import read_outlets_config
 from specforge_outlets.model.gated_attention import add_output_gate
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.model.quantile_head import QuantileHead
+from specforge_outlets.model.ttt_attention import use_ttt_cache_attention
 
 DRAFT_ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
 
@@ -27,10 +28,15 @@ DRAFT_ARCHITECTURE = "OutletsLlamaForCausalLMEagle3"
 @register_draft(name=DRAFT_ARCHITECTURE)
 class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
     config_class = LlamaConfig
+    # Set by the training model while its TTT forward runs: compute_logits then hands the state
+    # through, and the loss applies the LM head only at the rows it reads (training/loss_rows.py).
+    defer_logits: bool = False
 
     def __init__(self, config, quant_config=None, attention_backend="sdpa") -> None:
         super().__init__(config, quant_config=quant_config, attention_backend=attention_backend)
         self.outlets = read_outlets_config(config)
+        if attention_backend == "sdpa":
+            use_ttt_cache_attention(self.midlayer.self_attn)
         if self.outlets.gated_attention:
             add_output_gate(self.midlayer.self_attn, input_size=2 * config.hidden_size)
         self.length_head = LengthHead(self.outlets.head_widths, self.outlets.bucket_edges)
@@ -67,6 +73,13 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if target_model_path is not None:
             model.load_embedding(target_model_path)
         return model.eval()
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V'] (or [B, T, H])
+        return hidden_states if self.defer_logits else super().compute_logits(hidden_states)
+
+    def logits_at(self, states: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V']
+        """SpecForge's LM head on the rows a loss reads."""
+        return super().compute_logits(states)
 
     def normalized_state(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H]
         """The state the LM head reads (``compute_logits``); the length head reads the same."""

@@ -15,7 +15,16 @@ each one's need is below what is left, charging it as it goes. They differ only 
   request being admitted all of its remaining ``max_new_tokens``;
 - the plugin's charge by prediction (``predicted``, ``quantile``): a predicted request its predicted
   remaining x (1 + margin), or a quantile of its predicted remaining length, where SGLang charges
-  its ``max_new_tokens``.
+  its ``max_new_tokens``;
+- the predicted future peak (``peak``, :class:`PeakAdmission`): nothing is charged ahead; a waiting
+  request is admitted only while the most KV the running requests, those admitted and it will hold
+  at once, each growing a token a step until its predicted end and then freeing everything, stays
+  within the cache (:func:`future_peak`, the computation of LightLLM's past-future scheduler). A
+  request that outlives its prediction is predicted again from what has been seen (:class:`OutputLengthHistory`),
+  never charged nothing;
+- the past-future peak (``past-future``, :class:`PastFutureAdmission`): the same peak with every
+  request's remaining length from the history of output lengths alone, no prediction (LightLLM's
+  ``PastFutureQueue``, deterministic).
 
 vLLM's (``vllm``, ``vllm-0.13``; its arithmetic is ``simulation/vllm_admission.py``'s) reserves nothing
 ahead: a request is admitted while the blocks of its sequence (v0.13: of its first chunk) are free.
@@ -23,10 +32,13 @@ ahead: a request is admitted while the blocks of its sequence (v0.13: of its fir
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Deque, Iterable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, request_distribution
 from specforge_outlets.scheduling.kv_budget import predicted_output_budget, quantile_output_budget
@@ -37,6 +49,10 @@ CLIP_MAX_NEW_TOKENS = 4096
 # The KV pool's page size on the simulated and tested servers (SGLang's default, 1): SGLang's
 # admission adds one page per request for alignment.
 PAGE_SIZE = 1
+# Output lengths of the requests that finished last that the history keeps (LightLLM's PastFutureQueue
+# WINDOW_SIZE): enough for a stable mean of the remaining length given survival, short enough to
+# follow a workload that drifts.
+HISTORY_WINDOW = 200
 
 
 class KVAdmission(Enum):
@@ -66,12 +82,20 @@ class KVAdmission(Enum):
     # length instead of the prediction x (1 + margin) (QuantileChargeAdmission; issue 27); a request
     # without quantiles (the oracle) is charged its point prediction
     QUANTILE = "quantile"
+    # the predicted future peak within the cache (PeakAdmission): each request's predicted end (r̂ₜ
+    # where the draft re-predicts), its kv_quantile-quantile with quantiles, the history's expected
+    # remaining once it outlived its prediction or without one
+    PEAK = "peak"
+    # the same peak from the history of output lengths only (PastFutureAdmission; LightLLM's)
+    PAST_FUTURE = "past-future"
 
 
 # the plugin's charges by prediction (a margin or a quantile of the predicted remaining length)
 PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
-# SGLang's PrefillAdder rounds: its own charge and the plugin's
-CHARGE_ADMISSIONS = (KVAdmission.SGLANG,) + PREDICTION_ADMISSIONS
+# admission by the future peak of the cache, with predictions or without
+PEAK_ADMISSIONS = (KVAdmission.PEAK, KVAdmission.PAST_FUTURE)
+# SGLang's PrefillAdder rounds: its own charge, the plugin's, and the peak's gate on top of them
+CHARGE_ADMISSIONS = (KVAdmission.SGLANG,) + PREDICTION_ADMISSIONS + PEAK_ADMISSIONS
 # vLLM's own admissions, one per version modelled
 VLLM_ADMISSIONS = (KVAdmission.VLLM, KVAdmission.VLLM_0_13)
 
@@ -85,6 +109,7 @@ class KVRequest(NamedTuple):
     predicted_output_len: Optional[float] = None  # latest predicted total output length; None: not predicted
     predicted_output_quantiles: Optional[Tuple[float, ...]] = None  # at the scheduling config's levels
     ignore_eos: bool = False  # it runs to max_new_tokens whatever is predicted
+    held: int = 0  # KV tokens it holds now (SGLang: prompt + output but the last token, which the next step writes)
 
 
 @dataclass(frozen=True)
@@ -221,6 +246,138 @@ def _budget_cap(request: KVRequest) -> Optional[int]:
     return min(max(request.max_new_tokens - request.generated, 0), CLIP_MAX_NEW_TOKENS)
 
 
+def future_peak(occupants: Iterable[Tuple[float, float]]) -> float:
+    """The most KV tokens held at once from now on by requests that each hold ``h`` tokens now, add one
+    per decode step for ``r`` more steps and then free all of theirs, given as ``(h, r)``.
+
+    Between two finishes the total only grows, so the peak is reached at a finish: sorted by ``r``
+    descending, when the k-th finishes (step ``r_k``) the first k still hold ``h_j + r_k`` each, so the
+    peak is ``max_k (sum_{j <= k} h_j + k r_k)``, the computation of LightLLM's past-future scheduler
+    (``ChunkedPrefillQueue._can_add_new_req``). The last term is at least what all hold now.
+    """
+    ordered = sorted(occupants, key=lambda occupant: -occupant[1])
+    held = itertools.accumulate(h for h, _ in ordered)
+    return max((total + count * r for count, (total, (_, r)) in enumerate(zip(held, ordered), 1)), default=0.0)
+
+
+class OutputLengthHistory:
+    """The output lengths of the last ``window`` requests to finish, and the remaining length they imply.
+
+    Read as LightLLM's past-future scheduler reads its history: a request that has generated ``g``
+    tokens ends like the recorded outputs longer than ``g``, or at the most it may generate, which
+    counts as one more recorded length (so an empty history, or one with nothing above ``g``, gives
+    what is left of ``max_new_tokens``). LightLLM draws from that range at random; the expected
+    remaining length is its deterministic reading.
+    """
+
+    def __init__(self, window: int = HISTORY_WINDOW) -> None:
+        self._recent: Deque[int] = deque(maxlen=window)
+        self._sorted: List[int] = []
+        self._suffix_sums: Optional[List[int]] = None  # _suffix_sums[i]: sum of _sorted[i:], built when read
+
+    def record(self, output_len: int) -> None:
+        """A request finished with ``output_len`` tokens."""
+        if len(self._recent) == self._recent.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self._recent[0])]
+        self._recent.append(output_len)
+        bisect.insort(self._sorted, output_len)
+        self._suffix_sums = None
+
+    def mean_remaining(self, generated: int, max_new_tokens: int) -> float:
+        """E[L - g | L > g] over the recorded lengths ``L`` and ``max_new_tokens``, for ``g`` = ``generated``."""
+        if self._suffix_sums is None:
+            self._suffix_sums = list(itertools.accumulate(reversed(self._sorted), initial=0))[::-1]
+        first = bisect.bisect_right(self._sorted, generated)
+        longer = len(self._sorted) - first
+        total = self._suffix_sums[first] + max(max_new_tokens, generated)
+        return total / (longer + 1) - generated
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def __iter__(self):
+        """The recorded lengths, oldest first."""
+        return iter(self._recent)
+
+
+class PeakAdmission(SGLangAdmission):
+    """The predicted future peak: a waiting request is admitted only while the peak with it fits the cache.
+
+    Nothing is charged ahead (SGLang's arithmetic still checks that the prompt fits now). A running
+    request holds its KV and grows a token a step for its predicted remaining length; a request being
+    admitted holds its prompt (and the output a retracted one recomputes) once prefilled, which
+    samples its next token, and grows for the rest. Each request's end: its quantiles' ``level``-quantile
+    of the remaining length given survival (the peak at that risk per request), else its point
+    prediction (the latest: r̂ₜ where the draft re-predicts); once it outlived them, or without a
+    prediction, the history's expected remaining given survival. With true lengths nothing it admits
+    is ever retracted, and a request it refuses would overflow the cache before the running ones end.
+    """
+
+    def __init__(self, level: float, config: SchedulingConfig, history: OutputLengthHistory) -> None:
+        self.level, self.config, self.history = level, config, history
+
+    def output_budget(self, request: KVRequest) -> Optional[int]:
+        return 0  # charged nothing ahead: the peak is the gate
+
+    def predicted_total(self, request: KVRequest) -> float:
+        """The request's predicted total output length, at most its ``max_new_tokens``."""
+        generated, total = request.generated, None
+        if request.ignore_eos:  # it runs to max_new_tokens whatever is predicted
+            total = request.max_new_tokens
+        elif request.predicted_output_quantiles is not None:
+            distribution = request_distribution(request.predicted_output_len, request.predicted_output_quantiles,
+                                                self.config)
+            if distribution.atoms[-1] > generated:
+                total = generated + distribution.quantile_remaining(self.level, generated)
+        elif request.predicted_output_len is not None and request.predicted_output_len > generated:
+            total = request.predicted_output_len
+        if total is None:  # outlived its prediction, or none: predicted again from what finished
+            total = generated + self.history.mean_remaining(generated, request.max_new_tokens)
+        return min(total, max(request.max_new_tokens, generated))
+
+    def occupant(self, request: KVRequest, decoding: bool) -> Tuple[float, float]:
+        """``(h, r)`` of :func:`future_peak`: the KV it holds once prefilled, and the decode steps it has left."""
+        steps = self.predicted_total(request) - request.generated - (0 if decoding else 1)
+        return request.held + request.extend, max(steps, 0.0)
+
+    def open_round(self, state: CacheState) -> AdmissionRound:
+        occupants = [self.occupant(request, True) for request in state.running]
+        occupants += [self.occupant(request, False) for request in state.prefilling]
+        capacity = state.free + sum(request.held for request in itertools.chain(state.running, state.prefilling))
+        charged = sum(admitted_charge(0, self.asked_max_new_tokens(request)) for request in state.prefilling)
+        return PeakRound(self, state.free, charged, capacity, occupants)
+
+
+class PeakRound(ChargeRound):
+    """A round of :class:`PeakAdmission`: SGLang's arithmetic, and the peak gate before it."""
+
+    def __init__(self, admission: PeakAdmission, free: float, charged: float, capacity: float,
+                 occupants: List[Tuple[float, float]]) -> None:
+        super().__init__(admission, free, charged)
+        self.capacity, self.occupants = capacity, occupants
+
+    def fits(self, request: KVRequest) -> bool:
+        """Whether the future peak with the request stays within the cache (the gate the plugin adds to SGLang's)."""
+        return future_peak(self.occupants + [self.admission.occupant(request, False)]) <= self.capacity
+
+    def add(self, request: KVRequest) -> None:
+        """Count an admitted request in the peak of the rest of the round."""
+        self.occupants.append(self.admission.occupant(request, False))
+
+    def admit(self, request: KVRequest) -> bool:
+        if not self.fits(request) or not super().admit(request):
+            return False
+        self.add(request)
+        return True
+
+
+class PastFutureAdmission(PeakAdmission):
+    """The future peak without predictions (LightLLM's ``PastFutureQueue``): every end from the history."""
+
+    def predicted_total(self, request: KVRequest) -> float:
+        return super().predicted_total(request._replace(predicted_output_len=None, predicted_output_quantiles=None))
+
+
 class BlockRules(Protocol):
     """A vLLM version's admission arithmetic (``simulation.vllm_admission.VLLMRules``)."""
 
@@ -263,15 +420,20 @@ class BlockRound(AdmissionRound):
 
 
 def create_admission(policy: KVAdmission, config: SchedulingConfig, margin: float = 0.0, level: float = 0.5,
-                     block_rules: Optional[BlockRules] = None, watermark_blocks: int = 0) -> Admission:
-    """The strategy of a rule: ``margin`` for ``predicted``, ``level`` for ``quantile``, a vLLM version's
-    ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``."""
+                     block_rules: Optional[BlockRules] = None, watermark_blocks: int = 0,
+                     history: Optional[OutputLengthHistory] = None) -> Admission:
+    """The strategy of a rule: ``margin`` for ``predicted``, ``level`` for ``quantile`` and ``peak``, the
+    instance's ``history`` of output lengths for ``peak`` and ``past-future`` (a new one if None), a vLLM
+    version's ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``."""
     if policy is KVAdmission.SGLANG:
         return SGLangAdmission()
     if policy is KVAdmission.PREDICTED:
         return PredictedChargeAdmission(margin, config)
     if policy is KVAdmission.QUANTILE:
         return QuantileChargeAdmission(level, config)
+    if policy in PEAK_ADMISSIONS:
+        kind = PeakAdmission if policy is KVAdmission.PEAK else PastFutureAdmission
+        return kind(level, config, OutputLengthHistory() if history is None else history)
     if policy in VLLM_ADMISSIONS:
         if block_rules is None:
             raise ValueError(f"kv admission {policy.value} needs a vLLM version's block rules")

@@ -21,6 +21,7 @@ from specforge_outlets.scheduling import (
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
     DEFAULT_LOAD_POLL_INTERVAL_S,
+    PEAK_ADMISSIONS,
     VLLM_ADMISSIONS,
     KVAdmission,
 )
@@ -167,6 +168,10 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
 
 def check_kv_admission(config: ClusterConfig, source: str) -> None:
     """Refuse an engine's own admission where the simulator does not model it."""
+    if config.kv_admission in PEAK_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
+        raise OutletsError(
+            f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated instances "
+            "run; disaggregated decode instances admit transferred requests by another rule: set mode colocated")
     if config.kv_admission is KVAdmission.SGLANG and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
             f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "

@@ -32,8 +32,10 @@ from specforge_outlets.scheduling import (
     VLLM_ADMISSIONS,
     Admission,
     CacheState,
+    PEAK_ADMISSIONS,
     KVAdmission,
     KVRequest,
+    OutputLengthHistory,
     QueuePolicy,
     RankLoad,
     SchedulingConfig,
@@ -269,11 +271,15 @@ class EngineInstance:
         if self.vllm:  # read under vLLM's admission only
             self.usable_blocks = self.vllm.usable_blocks(self.capacity)  # vLLM's pool
             watermark = self.vllm.watermark_blocks(self.capacity)
+        # the output lengths of the requests that finished here, which the peak admissions read
+        self.history = OutputLengthHistory() if cluster.kv_admission in PEAK_ADMISSIONS else None
         # the rule that decides (max-new-tokens has none: every request reserves its full length); on a
         # disaggregated decode instance the plugin's charge sizes a per-request reservation (_reservation)
         self.admission: Optional[Admission] = None if cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS else (
             create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_prediction_margin, cluster.kv_quantile,
-                             self.vllm, watermark))
+                             self.vllm, watermark, self.history))
+        # SGLang without --enable-mixed-chunk (its default) runs a prefill batch alone: the decode batch waits
+        self.prefill_alone = self.sglang and bool(chunked_prefill_size)
         self.new_token_ratio = sglang_admission.NewTokenRatio.tuned(
             cluster.schedule_conservativeness, cluster.min_new_token_ratio_factor, cluster.new_token_ratio_decay_steps)
         self.batch_is_full = False  # SGLang's running_batch.batch_is_full: no admission until a request leaves
@@ -363,10 +369,17 @@ class EngineInstance:
         return request.input_len + generated + self.admission.output_budget(KVRequest(
             0, generated, self.sim.cluster.max_new_tokens, request.predicted_at(generated), request.quantiles_at(generated)))
 
-    def _kv_request(self, request: SimRequest, generated: int) -> KVRequest:
-        """What the admission reads from a request with ``generated`` tokens (its latest predictions)."""
-        return KVRequest(request.prefill_left, generated, self._max_new_tokens(request), request.predicted_at(generated),
-                         request.quantiles_at(generated))
+    def _kv_request(self, request: SimRequest, generated: int, held: int = 0, extend: Optional[int] = None
+                    ) -> KVRequest:
+        """What the admission reads from a request with ``generated`` tokens (its latest predictions), holding
+        ``held`` KV tokens, whose prefill adds ``extend`` (by default what it has left to prefill)."""
+        return KVRequest(request.prefill_left if extend is None else extend, generated, self._max_new_tokens(request),
+                         request.predicted_at(generated), request.quantiles_at(generated), held=held)
+
+    def _running_kv_request(self, request: SimRequest) -> KVRequest:
+        """A decoding request: SGLang's holds its prompt and output but the last token."""
+        generated = 1 + self.steps_done - request.join_step
+        return self._kv_request(request, generated, request.input_len + generated - 1, 0)
 
     def _reserved(self, now: float) -> int:
         """KV tokens the admission sees reserved. With dynamic predictions, or a quantile charge, a
@@ -419,7 +432,8 @@ class EngineInstance:
             self.segment_retracted = self._vllm_schedule(now)
         else:
             self._admit(now)
-            self.segment_retracted = self._make_room(now)
+            # SGLang checks the decode batch's room only before a decode step, none before a prefill batch
+            self.segment_retracted = not (self.prefill_alone and self.prefilling) and self._make_room(now)
         self._start_segment(now)
 
     def _admit(self, now: float) -> None:
@@ -459,8 +473,9 @@ class EngineInstance:
             return
         round_ = self.admission.open_round(CacheState(
             self.capacity - self._kv_in_use(),
-            [self._kv_request(r, 1 + self.steps_done - r.join_step) for r in self.running.values()],
-            [self._kv_request(r, r.num_generated_tokens) for r in self.prefilling], self.new_token_ratio.current))
+            [self._running_kv_request(r) for r in self.running.values()],
+            [self._kv_request(r, r.num_generated_tokens, r.prefill_claim, 0) for r in self.prefilling],
+            self.new_token_ratio.current))
         admitted = 0
         while self.queue:
             if len(self.running) + len(self.prefilling) >= self.max_running:
@@ -622,18 +637,23 @@ class EngineInstance:
         self.segment_start, self.segment_batch, self.segment_kv = now, len(self.running), self.kv_tokens
         self.segment_chunk = []
         if self.prefilling:
-            # A mixed step: every running request decodes one token, prompts take the chunk budget.
             self.segment_chunk = self._prefill_chunks()
             prefill_tokens = sum(tokens for _, tokens in self.segment_chunk)
             self.busy = True
-            self.segment_steps = 1
-            self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens, len(self.running)))
+            if self.prefill_alone:  # a prefill batch: the prompts take the chunk budget, nothing decodes
+                self.segment_batch = self.segment_steps = 0
+                self._schedule_end_at(now + self.model.step_time(0, prefill_tokens, 0))
+            else:  # a mixed step: every running request decodes one token, prompts take the chunk budget
+                self.segment_steps = 1
+                self._schedule_end_at(now + self.model.step_time(self.kv_tokens, prefill_tokens, len(self.running)))
         elif self.running:
             self.busy = True
             # up to the next finish, or to the last step before the cache would overflow
             self._schedule_segment_end(max(min(self._next_finish_step() - self.steps_done, self._decode_room()), 1))
         else:
             self.busy = False
+            if self.sglang:  # Scheduler.on_idle: a fully idle server starts its ratio over
+                self.new_token_ratio.current = self.new_token_ratio.init
 
     def _schedule_segment_end(self, steps: int) -> None:
         self.segment_steps = steps
@@ -647,28 +667,32 @@ class EngineInstance:
     def _end_segment(self, now: float, version: int) -> None:
         if version != self.segment_version:
             return
-        self.sim.token_gaps.segment(self.engine_id, now - self.segment_start, self.segment_steps)
+        if self.segment_steps:
+            self.sim.token_gaps.segment(self.engine_id, now - self.segment_start, self.segment_steps)
+        else:  # a prefill batch run alone: the running requests' next token waits for it
+            self.sim.token_gaps.stall(self.engine_id, now - self.segment_start)
         if self.sglang and not self.segment_chunk:  # a decode step that retracted re-estimated the ratio instead
             self.new_token_ratio.decay_steps(self.segment_steps - int(self.segment_retracted))
         self.steps_done += self.segment_steps
         self.kv_tokens += self.segment_batch * self.segment_steps
         while self.finish_heap and self.finish_heap[0][0] <= self.steps_done:
             step, index, request = heapq.heappop(self.finish_heap)
-            if request.finish_step != step:  # an entry of a run that was retracted
+            # an entry of a run that was retracted (a rerun can end at the same step: its entry is the one left)
+            if request.finish_step != step or index not in self.running:
                 continue
             del self.running[index]
             self.batch_is_full = False  # a request left the batch
             self.sim.token_gaps.left(self.engine_id, request, now)
             self.kv_tokens -= request.input_len + request.output_len
             self.kv_reserved -= request.reservation
-            self.sim.finish(now, request)
+            self._finished(now, request)
         for request, tokens in self.segment_chunk:
             request.prefill_left -= tokens
             if request.prefill_left == 0:
                 self.prefilling.popleft()
                 self.kv_prefilling -= request.prefill_claim
                 if request.num_generated_tokens:  # recomputed: it resumes where it was retracted
-                    if self.vllm:  # vLLM samples the next token as the recomputation ends
+                    if self.vllm or self.sglang:  # the recomputation's last position samples the next token
                         self.sim.token_gaps.lone_token(request, now)
                         request.num_generated_tokens += 1
                 else:
@@ -685,6 +709,11 @@ class EngineInstance:
         self.batch_is_full = False  # it leaves with its prefill batch
         self.pending_work -= request.pending_work
         self.kv_reserved -= request.reservation
+        self._finished(now, request)
+
+    def _finished(self, now: float, request: SimRequest) -> None:
+        if self.history is not None:
+            self.history.record(request.output_len)
         self.sim.finish(now, request)
 
 

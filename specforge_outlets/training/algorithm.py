@@ -112,9 +112,11 @@ def build_training_model(cfg, draft_model, draft_config, target_config, tokenize
     from specforge.algorithms.model_providers import build_eagle3_model
 
     from specforge_outlets.training.cpu_loss import install_cpu_loss
+    from specforge_outlets.training.loss_rows import install_loss_row_teacher
     from specforge_outlets.training.model import OutletsEagle3Model
 
     install_cpu_loss()
+    install_loss_row_teacher()
     init_length_bias(cfg, draft_model, settings)
     parts = build_eagle3_model(cfg, draft_model, draft_config, target_config, tokenizer)
     base = parts.model

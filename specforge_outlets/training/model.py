@@ -16,6 +16,7 @@ import torch
 from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
 from specforge_outlets.data.labels import NO_LABEL, shift_left
+from specforge_outlets.training.loss_rows import drafting_loss_at_rows
 from specforge_outlets.training.objective import l2_penalty
 
 
@@ -30,8 +31,11 @@ class LengthOutputs:
 
 class OutletsEagle3Model(OnlineEagle3Model):
     def forward(self, *, remaining_length: torch.Tensor, remaining_lower_bound: Optional[torch.Tensor] = None,
-                **eagle3_inputs):
+                drafting: bool = True, **eagle3_inputs):
         """SpecForge's seven EAGLE-3 outputs, then :class:`LengthOutputs`.
+
+        ``drafting=False`` (LP-only: the drafting loss weighs 0) gives the drafting loss no row to
+        read, so neither the teacher nor the draft's LM head runs; its outputs are then zeros.
 
         ``remaining_length`` and ``remaining_lower_bound`` [B, T] are aligned with the stored
         ``input_ids``; the state at
@@ -42,10 +46,14 @@ class OutletsEagle3Model(OnlineEagle3Model):
         source = draft.midlayer if draft.outlets.head_input == "draft" else draft.fc
         states: List[torch.Tensor] = []
         handle = source.register_forward_hook(lambda _module, _inputs, output: states.append(output))
+        if not drafting:
+            eagle3_inputs["loss_mask"] = torch.zeros_like(eagle3_inputs["loss_mask"])
+        draft.defer_logits = True
         try:
             eagle3_outputs = super().forward(**eagle3_inputs)
         finally:
             handle.remove()
+            draft.defer_logits = False
         expected = self.length if draft.outlets.head_input == "draft" else 1
         assert len(states) == expected, f"collected {len(states)} draft states, expected {expected}"
         raw = [draft.length_outputs(state) for state in states]
@@ -56,3 +64,7 @@ class OutletsEagle3Model(OnlineEagle3Model):
         labels, bounds = ([shift_left(values.to(states[0].device), 1 + step) for step in range(len(states))]
                           for values in (remaining_length, remaining_lower_bound))
         return (*eagle3_outputs, LengthOutputs(raw, labels, bounds, l2, quantile_raw))
+
+    def _acc_and_loss(self, *, logits: torch.Tensor, **step) -> tuple:
+        """SpecForge's metric and loss at the step's loss-mask rows; ``logits`` are the deferred states [B, T, H]."""
+        return drafting_loss_at_rows(super()._acc_and_loss, self.draft_model.logits_at, states=logits, **step)

@@ -23,10 +23,11 @@ class LabelledCall:
     """Stands in for the wrapped model during one EAGLE-3 step."""
 
     def __init__(self, model: torch.nn.Module, remaining_length: torch.Tensor,
-                 remaining_lower_bound: Optional[torch.Tensor]):
+                 remaining_lower_bound: Optional[torch.Tensor], drafting: bool):
         self.model = model
         self.remaining_length = remaining_length
         self.remaining_lower_bound = remaining_lower_bound
+        self.drafting = drafting
         self.length_outputs: Optional[LengthOutputs] = None
 
     def parameters(self):
@@ -34,7 +35,8 @@ class LabelledCall:
 
     def __call__(self, **eagle3_inputs):
         *eagle3_outputs, self.length_outputs = self.model(
-            remaining_length=self.remaining_length, remaining_lower_bound=self.remaining_lower_bound, **eagle3_inputs
+            remaining_length=self.remaining_length, remaining_lower_bound=self.remaining_lower_bound,
+            drafting=self.drafting, **eagle3_inputs
         )
         return tuple(eagle3_outputs)
 
@@ -72,7 +74,8 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
 
     def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
         model = self.eagle3_model
-        call = LabelledCall(model, batch.tensors[LENGTH_KEY], batch.tensors.get(LOWER_BOUND_KEY))
+        call = LabelledCall(model, batch.tensors[LENGTH_KEY], batch.tensors.get(LOWER_BOUND_KEY),
+                            drafting=self.sd_loss_weight > 0)
         self.eagle3_model = call
         try:
             drafting = super().forward_loss(batch, ctx)
