@@ -1,4 +1,5 @@
-"""A client's per-request settings: carried in ``custom_labels`` through sglang-router, and the prediction checked.
+"""A client's per-request settings: carried in ``custom_labels`` through sglang-router, the prediction checked, and
+read at the scheduler into the request's prediction state (``assign_external_prediction``).
 
 sglang-router 0.3.2 re-serialises a ``/generate`` body through its own request type, which has no
 ``custom_params`` (neither in ``sampling_params`` nor at the top level): a prediction there never
@@ -25,11 +26,13 @@ quantile level of the server, non-decreasing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from sglang_patches import state
+from sglang_patches.predictions import fall_back_to_prior, prediction, set_prediction
 from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY, parse_prediction, parse_quantiles
-from specforge_outlets.benchmarking.end_at_length import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
+from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
+from specforge_outlets.scheduling import SchedulingConfig, request_distribution
 
 # custom_labels keys moved into custom_params, each with how its string becomes the value read there
 # (the prediction and its quantiles stay as sent: they are parsed, and refused if bad, where every prediction is)
@@ -96,6 +99,54 @@ def refuse_bad_prediction(obj) -> None:
         if not usable:
             raise ValueError(f"request {rid}: {CUSTOM_PARAM_KEY} = {value!r} is not a positive number of tokens; "
                              "send the predicted output length (> 0), or leave it out for the server's predictor")
+
+
+def external_prediction(sampling_params) -> Optional[float]:
+    """The externally supplied prediction of a request's sampling params; None if absent.
+
+    Raises ValueError if present but unusable."""
+    params = getattr(sampling_params, "custom_params", None)
+    if not isinstance(params, dict) or CUSTOM_PARAM_KEY not in params:
+        return None
+    return parse_prediction(params[CUSTOM_PARAM_KEY])
+
+
+def external_quantiles(sampling_params, levels: Sequence[float]) -> Optional[Tuple[float, ...]]:
+    """The externally supplied total-length quantiles (at ``levels``) of a request's sampling params; None if absent.
+
+    Raises ValueError if present but unusable."""
+    params = getattr(sampling_params, "custom_params", None)
+    if not isinstance(params, dict) or params.get(QUANTILES_PARAM_KEY) is None:
+        return None
+    return parse_quantiles(params[QUANTILES_PARAM_KEY], levels)
+
+
+def assign_external_prediction(req, config: SchedulingConfig) -> bool:
+    """Take a request's externally supplied prediction and quantiles, if any. True if either was present.
+
+    The client's prediction is taken whole: a request that brings a point prediction or quantiles is
+    not predicted by a draft at all (neither), as a point prediction alone already was not. Quantiles
+    without a point prediction give it as their median (the core's :class:`LengthDistribution`);
+    a point prediction without quantiles is a point mass."""
+    if prediction(req) is not None:
+        return True
+    sampling_params = getattr(req, "sampling_params", None)
+    try:
+        value = external_prediction(sampling_params)
+    except (TypeError, ValueError) as error:
+        fall_back_to_prior(req, config, f"bad {CUSTOM_PARAM_KEY}: {error}")
+        return True
+    try:
+        totals = external_quantiles(sampling_params, config.quantile_levels)
+    except (TypeError, ValueError) as error:
+        fall_back_to_prior(req, config, f"bad {QUANTILES_PARAM_KEY}: {error}")
+        return True
+    if value is None and totals is None:
+        return False
+    if value is None:
+        value = request_distribution(None, totals, config).quantile(0.5)
+    set_prediction(req, value, "external", totals)
+    return True
 
 
 def normalize_around(original, self, *args, **kwargs):

@@ -2,7 +2,7 @@
 
 The order itself is the shared scheduling core's (``specforge_outlets.scheduling.admission_order``);
 this module puts SGLang's lists in that order. Each waiting request's keys are computed once per stay
-in the queue and kept beside it, in tables keyed by the request (``predictions.CachedOrderKeys``), so
+in the queue and kept beside it, in tables keyed by the request (``order_keys.CachedOrderKeys``), so
 that a round is one sort with ``dict.__getitem__`` as the key; ``reset_for_retract_after`` drops them
 when a request goes back to a waiting queue.
 """
@@ -13,6 +13,9 @@ import time
 
 from sglang_patches import predictions as P
 from sglang_patches import state
+from sglang_patches.client_predictions import assign_external_prediction
+from sglang_patches.key_tables import drop_order_keys
+from sglang_patches.order_keys import CachedOrderKeys
 from sglang_patches.settings import POLICY_NAME
 from specforge_outlets.scheduling import admission_order, retraction_order_key
 
@@ -53,11 +56,11 @@ def sort_waiting(waiting_queue, config) -> None:
 _cached_order_keys = None
 
 
-def _order_keys(config) -> P.CachedOrderKeys:
+def _order_keys(config) -> CachedOrderKeys:
     """One key provider per scheduling config, so that the keys cached on requests stay valid across rounds."""
     global _cached_order_keys
     if _cached_order_keys is None or _cached_order_keys.config is not config:
-        _cached_order_keys = P.CachedOrderKeys(config)
+        _cached_order_keys = CachedOrderKeys(config)
     return _cached_order_keys
 
 
@@ -66,7 +69,7 @@ def add_request_to_queue_before(self, req, *args, **kwargs):
         P.stamp_arrival(req)
         # Without an external prediction, predictor-only mode predicts at prefill; until then (and
         # without a predictor) the key uses the prior.
-        P.assign_external_prediction(req, state.settings().scheduling)
+        assign_external_prediction(req, state.settings().scheduling)
     return None
 
 
@@ -83,7 +86,7 @@ def retraction_order_around(original, reqs):
 def reset_for_retract_after(result, self, *args, **kwargs):
     # Every request that ran and goes back to a waiting queue (retraction, PD re-bootstrap, a
     # yielded optimistic prefill) passes here; it comes back with more tokens, so new keys.
-    P.drop_order_keys(self)
+    drop_order_keys(self)
     return None
 
 

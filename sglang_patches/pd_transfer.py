@@ -29,6 +29,7 @@ import math
 
 from sglang_patches import predictions as P
 from sglang_patches import state
+from sglang_patches.client_predictions import assign_external_prediction
 from sglang_patches.settings import same_levels
 
 logger = logging.getLogger("sglang_patches")
@@ -100,7 +101,7 @@ def read_quantiles(values, config):
 def receive_prediction(req, value: float, config, quantiles=None) -> None:
     """The decode instance takes the request's own prediction, else the transferred ``value`` (with the
     transferred ``quantiles``, if any), else the prior."""
-    if P.assign_external_prediction(req, config):
+    if assign_external_prediction(req, config):
         return  # the request carried its own (or was already predicted: a re-bootstrap keeps its first)
     if math.isfinite(value) and value > 0:
         P.set_prediction(req, value, SOURCE, quantiles)

@@ -19,6 +19,7 @@ from collections import deque
 from specforge_outlets.scheduling import RankLoad, least_predicted_work_rank, predicted_remaining
 from sglang_patches import predictions as P
 from sglang_patches import state
+from sglang_patches.client_predictions import external_prediction
 from sglang_patches.snapshots import install_snapshot_decoder, snapshot_class
 from sglang_patches.settings import POLICY_NAME
 
@@ -186,7 +187,7 @@ def controller_init_after(result, self, *args, **kwargs):
         if self.maybe_external_dp_rank_routing(req):
             return
         try:
-            predicted = P.external_prediction(getattr(req, "sampling_params", None))
+            predicted = external_prediction(getattr(req, "sampling_params", None))
         except (TypeError, ValueError):
             predicted = None  # the scheduler records the fallback
         rank = self.outlets_budget.choose(predicted, active=getattr(self, "_active_workers", None) or None)

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from sglang_patches import predictions as P, state  # noqa: E402
+from sglang_patches import client_predictions, state  # noqa: E402
 from sglang_patches.settings import CUSTOM_PARAM_KEY  # noqa: E402
-from specforge_outlets.benchmarking.end_at_length import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM  # noqa: E402
+from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM  # noqa: E402
 from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
 
 
@@ -28,7 +28,7 @@ def prediction_of(sampling_params: dict):
     """The prediction the scheduler reads from SGLang's ``SamplingParams`` built from the request's dict."""
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    return P.external_prediction(SamplingParams(**sampling_params))
+    return client_predictions.external_prediction(SamplingParams(**sampling_params))
 
 
 def test_a_label_becomes_the_prediction(plugins_loaded, monkeypatch):

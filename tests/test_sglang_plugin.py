@@ -19,7 +19,11 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
-from sglang_patches import kv_admission, meta_info, ordering, predictions as P, routing, speculative, state  # noqa: E402
+from sglang_patches import (  # noqa: E402
+    customized_info, key_tables, kv_admission, meta_info, order_keys, ordering, predictions as P, routing, speculative,
+    state,
+)
+from sglang_patches.client_predictions import assign_external_prediction  # noqa: E402
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
 from tests.sglang_harness.stand_in import request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
@@ -218,7 +222,7 @@ def sglang_request(rid, predicted=None, arrival=0.0):
 def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order, slack):
     """Cached keys never go stale: new arrivals, admissions, late predictions, retractions; the table stays bounded."""
     if slack is not None:  # the key table is cut back to the queue almost every round
-        monkeypatch.setattr(P, "KEY_TABLE_SLACK", slack)
+        monkeypatch.setattr(key_tables, "KEY_TABLE_SLACK", slack)
     monkeypatch.setenv(ENV_ORDER, order)
     monkeypatch.setenv(ENV_LONG_HOLDBACK, "0.3")
     state.reset_settings()
@@ -246,8 +250,9 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
-        table = P._KEY_TABLES[config]
-        assert max(map(len, (table.sjf, table.long, table.merge, table.arrival))) <= len(queue) + P.KEY_TABLE_SLACK
+        table = key_tables.KEY_TABLES[config]
+        longest = max(map(len, (table.sjf, table.long, table.merge, table.arrival)))
+        assert longest <= len(queue) + key_tables.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
 
 
@@ -259,8 +264,8 @@ def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monke
     config = state.settings().scheduling
     calls = []
     key = "sjf_sort_key" if order == "sjf" else "is_predicted_long"  # the keys each order computes
-    real = getattr(P, key)
-    monkeypatch.setattr(P, key, lambda *args: calls.append(args) or real(*args))
+    real = getattr(order_keys, key)
+    monkeypatch.setattr(order_keys, key, lambda *args: calls.append(args) or real(*args))
     monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: 300.0))
     queue = [request(str(i), float(1000 - i), arrival=float(i)) for i in range(200)]
     ordering.sort_waiting(queue, config)
@@ -299,16 +304,16 @@ def test_aging_bound_holds_in_the_plugins_order(plugins_loaded, monkeypatch):
 def test_external_prediction_and_fallback_counter(plugins_loaded):
     config = read_settings().scheduling
     ok = request("ok", custom={"outlets_predicted_output_len": 12})
-    assert P.assign_external_prediction(ok, config) and P.prediction(ok) == 12.0
+    assert assign_external_prediction(ok, config) and P.prediction(ok) == 12.0
     assert ok.customized_info == {"predicted_output_len": [12.0]}
     before = P.FALLBACKS.count
     for bad in ("x", float("nan"), -1, True):
         req = request("bad", custom={"outlets_predicted_output_len": bad})
-        assert P.assign_external_prediction(req, config)
+        assert assign_external_prediction(req, config)
         assert P.prediction(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
     assert P.FALLBACKS.count == before + 4
     none = request("none", custom={"other": 1})
-    assert not P.assign_external_prediction(none, config) and P.prediction(none) is None
+    assert not assign_external_prediction(none, config) and P.prediction(none) is None
 
 
 # --- retraction, meta_info, load snapshots, routing ----------------------------------------------------
@@ -380,7 +385,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
         req.sampling_params = SimpleNamespace(max_new_tokens=2000, ignore_eos=False, custom_params=None)
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(None, b) == pytest.approx(899, abs=1)  # whole tokens, rounded up; z travels in float32
-    keys = P.CachedOrderKeys(config)
+    keys = order_keys.CachedOrderKeys(config)
     assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [a, b]  # keys now cached on a and b
 
     # a verify step: a accepted 2 tokens (3 generated), b 1 (2 generated); the draft now expects b to end soon
@@ -436,7 +441,7 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
 
 
 def test_a_token_aligned_value_slices_like_the_per_token_list_it_stands_for():
-    value = P.TokenAlignedValue(3, 7.5)
+    value = customized_info.TokenAlignedValue(3, 7.5)
     as_list = [None, None, None, 7.5]
     assert len(value) == 4 and value == as_list and list(value) == as_list
     for start, stop in ((0, 4), (2, 4), (4, 9), (1, 2), (0, 100)):

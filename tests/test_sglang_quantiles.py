@@ -23,8 +23,9 @@ from specforge_outlets.scheduling import (  # noqa: E402
     predicted_output_budget, quantile_output_budget,
 )
 from sglang_patches import (  # noqa: E402
-    kv_admission, meta_info, ordering, pd_transfer, predictions as P, speculative, state,
+    kv_admission, meta_info, order_keys, ordering, pd_transfer, predictions as P, speculative, state,
 )
+from sglang_patches.client_predictions import assign_external_prediction  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_DRAFT, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_ORDER, ENV_ORDER_KEY, ENV_QUANTILE_LEVELS,
     QUANTILES_PARAM_KEY, OutletsSettingsError, read_settings,
@@ -165,7 +166,7 @@ def scheduled(sampling_params: dict, config: SchedulingConfig):
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     req = StandInReq(rid="s", output_ids=[], customized_info=None, sampling_params=SamplingParams(**sampling_params))
-    P.assign_external_prediction(req, config)
+    assign_external_prediction(req, config)
     return req
 
 
@@ -187,7 +188,7 @@ def test_client_quantiles_in_custom_params_or_labels_reach_the_request(plugins_l
     assert (P.prediction(both), P.predicted_quantiles(both)) == (30.0, (10.0, 20.0, 40.0, 80.0, 160.0))
     point = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30}}).sampling_params, config)
     assert (P.prediction(point), P.predicted_quantiles(point)) == (30.0, None)  # a point mass
-    assert not P.assign_external_prediction(request("none"), config)
+    assert not assign_external_prediction(request("none"), config)
 
 
 @pytest.mark.parametrize("value, reason", [
@@ -212,7 +213,7 @@ def test_malformed_client_quantiles_are_refused_naming_the_request(plugins_loade
     # a scheduler that gets one anyway (no tokenizer check in front of it) falls back to the prior, counted
     before = P.FALLBACKS.count
     req = request("bad", custom={QUANTILES_PARAM_KEY: value})
-    assert P.assign_external_prediction(req, SchedulingConfig())
+    assert assign_external_prediction(req, SchedulingConfig())
     assert P.prediction_source(req) == "prior" and P.predicted_quantiles(req) is None
     assert P.FALLBACKS.count == before + 1
 
@@ -288,7 +289,7 @@ def test_the_tail_safe_class_by_an_upper_quantile(plugins_loaded, monkeypatch):
             env[ENV_LONG_CLASS_QUANTILE] = quantile
         use_env(monkeypatch, **env)
         config = state.settings().scheduling
-        keys = P.CachedOrderKeys(config)
+        keys = order_keys.CachedOrderKeys(config)
         req = request("tailed", 6.0, TAILED)
         assert keys.predicted_long([req]) == ([req] if long_first else [])
 
@@ -347,8 +348,8 @@ def test_a_distribution_key_is_computed_once_per_stay(plugins_loaded, monkeypatc
     use_env(monkeypatch, **{ENV_ORDER: "sjf", ENV_ORDER_KEY: "gittins"})
     config = state.settings().scheduling
     calls = []
-    real = P.sjf_sort_key
-    monkeypatch.setattr(P, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
+    real = order_keys.sjf_sort_key
+    monkeypatch.setattr(order_keys, "sjf_sort_key", lambda *args: calls.append(args) or real(*args))
     queue = [request(str(i), 100.0 + i, tuple(LengthDistribution.log_normal(100.0 + i, 0.8).quantiles), arrival=i)
              for i in range(50)]
     for _ in range(3):
@@ -438,7 +439,7 @@ def test_eagle3_quantiles_are_re_read_after_each_verify_step_and_refresh_the_key
     # prefill: total quantiles = the remaining ones (the estimate counts the first token), reported beside r̂_0
     assert P.predicted_quantiles(a) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0), rel=1e-5)
     assert a.customized_info["predicted_output_quantiles"][0] == pytest.approx([2.0, 5.0, 40.0, 60.0, 900.0])
-    keys = P.CachedOrderKeys(config)
+    keys = order_keys.CachedOrderKeys(config)
     assert admission_order([b, a], QueuePolicy.SJF, config, keys=keys) == [a, b]  # a likely-short tail first
     # a verify step: a accepted 2 tokens (3 generated) and now looks long for sure; b 1 token (2 generated)
     step([a, b], [300.0, 10.0], [[290.0, 295.0, 300.0, 305.0, 310.0], [1.0, 2.0, 10.0, 20.0, 400.0]], new_tokens=[2, 1])

@@ -21,9 +21,8 @@ import json
 import pickle
 from typing import Any, Dict, List, Optional
 
-# custom_params keys of a request that ends at its recorded length
-OUTPUT_LEN_PARAM = "outlets_end_at_output_len"
-STOP_TOKEN_PARAM = "outlets_end_token_id"
+from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
+
 # SGLang adds the request itself to custom_params for custom logit processors
 REQUEST_PARAM = "__req__"
 # tokens sampled so far for the request, counted on it by the processor

@@ -1,0 +1,48 @@
+"""Where the plugin keeps the order keys of waiting requests: tables by request, one per scheduling config.
+
+A leaf, so that whatever changes a request's prediction (``predictions.py``) drops its keys
+without importing the order that computes them (``order_keys.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from specforge_outlets.scheduling import SchedulingConfig
+
+# Entries a key table may hold beyond the list it last ordered (requests that left the queue:
+# admitted, finished) before it is cut back to that list; bounds the finished requests it keeps alive.
+KEY_TABLE_SLACK = 1024
+
+
+class KeyTable:
+    """The order keys of waiting requests under one scheduling config, by request.
+
+    Each order computes only the keys it reads: the SJF order its sort key, the tail-safe order a
+    request's class, merge key and arrival stamp (a request that has one of these has all three)."""
+
+    def __init__(self) -> None:
+        self.sjf: Dict[object, tuple] = {}  # request -> sjf_sort_key
+        self.long: Dict[object, bool] = {}  # request -> is_predicted_long
+        self.merge: Dict[object, int] = {}  # request -> tail-safe merge key
+        self.arrival: Dict[object, float] = {}  # request -> its arrival stamp (tail-safe)
+
+    def drop(self, req) -> None:
+        for table in (self.sjf, self.long, self.merge, self.arrival):
+            table.pop(req, None)
+
+    def keep_only(self, reqs) -> None:
+        for name in ("sjf", "long", "merge", "arrival"):
+            table = getattr(self, name)
+            setattr(self, name, {req: table[req] for req in reqs if req in table})
+
+
+# One key table per scheduling config in this process, shared by its providers, so that keys
+# computed for another config are never read.
+KEY_TABLES: Dict[SchedulingConfig, KeyTable] = {}
+
+
+def drop_order_keys(req) -> None:
+    """Forget a request's cached order keys: its prediction changed, or it ran and may come back with more tokens."""
+    for table in KEY_TABLES.values():
+        table.drop(req)

@@ -1,0 +1,109 @@
+"""The waiting-queue order's keys of SGLang requests, computed once per stay in the queue and sorted by at C speed."""
+
+from __future__ import annotations
+
+from itertools import compress
+from typing import List
+
+from sglang_patches import key_tables
+from sglang_patches.predictions import num_generated, predicted_quantiles, prediction, stamp_arrival
+from specforge_outlets.scheduling import (
+    OrderKey,
+    RequestKeys,
+    SchedulingConfig,
+    is_predicted_long,
+    request_prompt_len,
+    short_merge_key,
+    sjf_sort_key,
+)
+
+
+class CachedOrderKeys(RequestKeys):
+    """Order keys of SGLang requests, computed once per stay in the waiting list and sorted by at C speed.
+
+    SGLang re-sorts its waiting list every scheduling round, and a waiting request's keys cannot
+    change: it generates nothing, and aging is linear in arrival time. So they are computed once
+    and kept in dicts keyed by the request (SGLang's ``Req`` hashes by identity), and a round sorts
+    with ``dict.__getitem__`` as the key, with no Python call per request. The keys are kept beside
+    the requests rather than on them: a ``Req`` has about 160 attributes, and reading one of each
+    touches memory all over the heap, which made the same sort twice as slow inside a server as on
+    small stand-ins (docs/results.md, "hot path"). The tail-safe order rewrites the merge keys of its
+    long class, which move with time. Keys are dropped whenever they could change
+    (``key_tables.drop_order_keys``): a new prediction (``predictions.set_prediction``), and
+    ``Req.reset_for_retract``, through which every request that ran goes back to a waiting queue
+    (hook in ``ordering.py``). A request without keys (new, or dropped) gets them when an order first
+    reads it.
+    """
+
+    def __init__(self, config: SchedulingConfig) -> None:
+        super().__init__(config)
+        self._table = key_tables.KEY_TABLES.setdefault(config, key_tables.KeyTable())
+
+    def sorted_by_sjf(self, reqs) -> list:
+        table = self._table
+        result = self._read(reqs, table.sjf, self._compute_sjf, lambda: sorted(reqs, key=table.sjf.__getitem__))
+        self._bound(reqs, table.sjf)
+        return result
+
+    def predicted_long(self, reqs) -> list:
+        table = self._table
+        result = self._read(reqs, table.long, self._compute_tail_safe,
+                            lambda: list(compress(reqs, map(table.long.__getitem__, reqs))))
+        self._bound(reqs, table.long)
+        return result
+
+    def arrivals(self, reqs) -> List[float]:
+        # the stamps the cached keys were computed from, kept beside them: reading a Req's own is a cache miss
+        table = self._table
+        return self._read(reqs, table.arrival, self._compute_tail_safe,
+                          lambda: list(map(table.arrival.__getitem__, reqs)))
+
+    def sorted_by_merge_key(self, reqs, long_reqs, long_keys) -> list:
+        merge = self._table.merge
+        merge.update(zip(long_reqs, long_keys))  # the short class's keys were cached with the rest
+        return sorted(reqs, key=merge.__getitem__)
+
+    def _read(self, reqs, keys: dict, compute, read):
+        """``read()`` of ``reqs``' keys, after ``compute`` filled in the ``keys`` they lack."""
+        if reqs and type(reqs[-1]).__hash__ is None:
+            raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(reqs[-1]).__name__} must hash by "
+                            "identity, as SGLang's Req does")
+        # Requests join at the end of the list (new arrivals, retractions): fill those in first, so
+        # that the common round reads once; a request without keys anywhere else makes the read
+        # raise, and then every request is checked.
+        for req in reversed(reqs):
+            if req in keys:
+                break
+            compute(req)
+        try:
+            return read()
+        except KeyError:
+            for req in reqs:
+                if req not in keys:
+                    compute(req)
+            return read()
+
+    def _bound(self, reqs, keys: dict) -> None:
+        """Cut the tables back to the waiting list ``reqs`` once ``keys`` holds too many requests that left it."""
+        if len(keys) > len(reqs) + key_tables.KEY_TABLE_SLACK:
+            self._table.keep_only(reqs)
+
+    def _compute_sjf(self, req) -> None:
+        config = self.config
+        # The distribution keys are the core's too, read once per stay like the point key: a waiting
+        # request's quantiles change only with a new prediction and its generated tokens only through a
+        # retraction, and both drop its keys.
+        if config.order_key is OrderKey.POINT:
+            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config)
+        else:
+            prompt_len = request_prompt_len(req) if config.order_key is OrderKey.KV_FOOTPRINT else 0
+            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config,
+                               predicted_quantiles(req), prompt_len)
+        self._table.sjf[req] = key
+
+    def _compute_tail_safe(self, req) -> None:
+        config, table = self.config, self._table
+        quantiles = None if config.long_class_quantile is None else predicted_quantiles(req)
+        table.long[req] = is_predicted_long(prediction(req), num_generated(req), config, quantiles)
+        arrival = table.arrival[req] = stamp_arrival(req)
+        table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order
