@@ -15,9 +15,10 @@ only what OUTLETS trained on top of it:
   one output, or one logit per bucket for ``bucket_edges``), reading the same final-normed draft
   state as the LM head; :meth:`OutletsLlamaForCausalLMEagle3.length_log_remaining` turns that state
   into ``z = log(1 + remaining tokens)``.
-- the **quantile head** ``quantile_head.mlp`` (issue 27; only when ``outlets_config.quantile_levels``
-  is set), on the same state: :meth:`OutletsLlamaForCausalLMEagle3.log_remaining_quantiles_from_draft_state`
-  gives the z quantiles of the remaining length at those levels.
+- the **quantile head** ``quantile_head.mlp`` (a predicted length distribution; only when
+  ``outlets_config.quantile_levels`` is set), on the same state:
+  :meth:`OutletsLlamaForCausalLMEagle3.log_remaining_quantiles_from_draft_state` gives the z quantiles of
+  the remaining length at those levels.
 - **weight routing**: SGLang's EAGLE-3 ``load_weights`` would rename ``self_attn.gate_proj`` to the
   MLP's ``gate_up_proj`` and skip it, and skips ``length_head.*`` (and ``quantile_head.*``) silently; here those names are
   loaded into this class's modules and the rest go to the stock loader. A missing weight of the
@@ -157,7 +158,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             raise OutletsDraftError(f"{ARCHITECTURE}: outlets_config.head_widths={list(widths)} is not a valid MLP")
         # the training module itself (torch only), so that the names and the maths cannot drift
         self.length_head = LengthHead([int(w) for w in widths], outlets.bucket_edges)
-        # the quantile head (issue 27), the training module too; None for an export trained without one
+        # the quantile head (the remaining length's quantiles), the training module too; None for an export without one
         self.quantile_head = (QuantileHead([int(w) for w in widths], outlets.quantile_levels)
                               if outlets.quantile_levels else None)
 

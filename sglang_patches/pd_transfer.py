@@ -9,7 +9,7 @@ the prefill in ``set_buf`` and read by the decode in ``DecodeTransferQueue._comm
 rides in its last slot. Rows are reused without being cleared, so the prefill writes every request:
 0 where it has no prediction of its own (the prior is the decode's to apply, not a value to send).
 
-The prefill's quantiles (issue 27: a draft with a quantile head) ride in the same row's free slots:
+The prefill's quantiles (from a draft with a quantile head) ride in the same row's free slots:
 slot 14 holds their count K (0 for none), slots 1..K the levels and K+1..2K the total-length
 quantiles, so at most 6 (``MAX_SENT_QUANTILES``; SGLang uses slot 0 only). The decode takes them only
 when the levels are its own (``--outlets-quantile-levels``, float32-equal); otherwise it keeps the

@@ -40,7 +40,7 @@ class PredictionRow:
     predicted_output_len: float
     true_output_len: Optional[float] = None
     trajectory: Optional[Tuple[float, ...]] = None
-    # a quantile predictor's (issue 27): the levels, the whole length's quantiles at them, and
+    # a quantile predictor's (a predicted length distribution): the levels, the whole length's quantiles at them, and
     # entry k of ``quantile_trajectory`` the remaining length's quantiles at output token k + 1
     # (as ``trajectory``); checked where they are used (``simulation/predictors.py``)
     quantile_levels: Optional[Tuple[float, ...]] = None
