@@ -18,7 +18,8 @@ from typing import List, Optional
 import torch
 from tqdm import tqdm
 
-from specforge_outlets.evaluation.heads import HeadSettings, fit_head
+from specforge_outlets.evaluation.baselines.prompt_head import fit_prompt_head
+from specforge_outlets.evaluation.heads import HeadSettings
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 from specforge_outlets.model.length_head import bucket_index, bucket_log_centers
@@ -66,13 +67,7 @@ class BucketClassifierPredictor(Predictor):
         return torch.stack(out)
 
     def fit(self, train: Split) -> None:
-        train = self.training_split(train)
-        x = self.embeddings(train, "lm-classifier: embed train")
-        y = bucket_index(torch.as_tensor(train.lengths), BUCKET_EDGES)
-        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed,
-                          censored=torch.tensor([r.censored for r in train.requests]))
-        self.model = fitted.model
-        self.info.update(fitted.info())
+        fit_prompt_head(self, train, lambda lengths: bucket_index(torch.as_tensor(lengths), BUCKET_EDGES), SETTINGS)
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:

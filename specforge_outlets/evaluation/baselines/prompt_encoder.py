@@ -16,7 +16,8 @@ import torch
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.heads import HeadSettings, fit_head
+from specforge_outlets.evaluation.baselines.prompt_head import fit_prompt_head
+from specforge_outlets.evaluation.heads import HeadSettings
 from specforge_outlets.evaluation.predictor import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Request, Split
 
@@ -77,13 +78,8 @@ class PromptEncoderPredictor(Predictor):
         return torch.cat(out)
 
     def fit(self, train: Split) -> None:
-        train = self.training_split(train)
-        x = self.embeddings(train, "bert: embed train")
-        y = torch.log1p(torch.as_tensor(train.lengths, dtype=torch.float32))
-        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed,
-                          censored=torch.tensor([r.censored for r in train.requests]))
-        self.model = fitted.model
-        self.info.update(fitted.info())
+        fit_prompt_head(self, train, lambda lengths: torch.log1p(torch.as_tensor(lengths, dtype=torch.float32)),
+                        SETTINGS)
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
