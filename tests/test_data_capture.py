@@ -126,6 +126,8 @@ def test_capture_refuses_a_row_it_cannot_read_before_writing_anything(tmp_path, 
 
 
 def test_add_labels_to_specforge_captured_files(tmp_path):
+    from specforge_outlets.data.add_labels import specforge_row_order
+
     target = make_chat_target(str(tmp_path / "target"))
     rows = [{"id": "a", "conversations": [user("Hi"), answer("Hello there")]},
             {"id": "b", "conversations": [user("Q"), answer("A one"), user("Q2"), answer("A two", finish="length")]},
@@ -133,17 +135,20 @@ def test_add_labels_to_specforge_captured_files(tmp_path):
     source = write_jsonl(tmp_path / "regen.jsonl", rows)
     ours = tmp_path / "ours"
     run_command(capture_command, ["capture", "--target", target, "--input", source, "--output", ours])
-    # SpecForge's layout: rows_<a>-<b>/data_<i>.ckpt without labels; file 2 is from another conversation.
+    # SpecForge's layout: rows_<a>-<b>/data_<i>.ckpt without labels, i after its seeded shuffle of the rows
+    # (file 0 is row c, file 1 row b, file 2 row a); file 2 is from another conversation.
+    assert specforge_row_order(3) == [2, 1, 0]
     theirs = tmp_path / "specforge" / "rows_0-5000"
     theirs.mkdir(parents=True)
     expected = {}
-    for index, source_index in ((0, 0), (1, 1), (2, 1)):
+    for index, source_index in ((0, 2), (1, 1), (2, 1)):
         data = torch.load(ours / f"data_{source_index}.ckpt")
         expected[index] = data.pop("remaining_length")
         torch.save(data, theirs / f"data_{index}.ckpt")
     with pytest.raises(FeatureFileError, match="add-labels"):
         load_features(str(theirs / "data_0.ckpt"))
-    run_command(capture_command, ["capture", "--add-labels", tmp_path / "specforge", "--input", source])
+    run_command(capture_command, ["capture", "--add-labels", tmp_path / "specforge", "--input", source,
+                                  "--specforge-batch-size", 1])
     for index in (0, 1):
         assert torch.equal(load_features(str(theirs / f"data_{index}.ckpt"))["remaining_length"], expected[index])
     summary = json.loads((tmp_path / "specforge" / "labels_summary.json").read_text())

@@ -26,10 +26,20 @@ MAX_REPORTED = 50
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("capture", help="capture target features and length labels for training")
-    parser.add_argument("--input", required=True, help="regenerated JSONL (from `outlets regenerate`)")
+    parser.add_argument("--input", help="regenerated JSONL (from `outlets regenerate`)")
     parser.add_argument("--target", help="model directory, hub name or smollm2-135m")
     parser.add_argument("--output", help="directory for the feature files and manifest.json")
     parser.add_argument("--add-labels", metavar="DIR", help="instead: label SpecForge-captured files in DIR")
+    parser.add_argument("--specforge-ranks", type=int, default=1, metavar="R",
+                        help="--add-labels: the data-parallel ranks SpecForge's capture ran on (torchrun processes "
+                             "/ its --tp-size; default 1): they decide which conversation each file holds")
+    parser.add_argument("--specforge-batch-size", type=int, default=32, metavar="B",
+                        help="--add-labels: SpecForge's --batch-size (default 32, its own)")
+    parser.add_argument("--num-samples", type=int, metavar="N", help="--add-labels: SpecForge's --num-samples, if given")
+    parser.add_argument("--specforge-draft-config", metavar="DRAFT_JSON",
+                        help="instead: write DRAFT_JSON (a recipe's model.draft_model_config) to --output as the stock "
+                             "EAGLE-3 draft config SpecForge's prepare_hidden_states.py --draft-model-config takes, "
+                             "capturing --fusion-layers of --target (docs/data.md)")
     parser.add_argument("--fusion-layers", help="three hidden_states indices a,b,c (default 2,N/2,N-2)")
     parser.add_argument("--max-length", type=int, default=2048, help="skip longer conversations (tokens)")
     parser.add_argument("--chat-template", help="Jinja file replacing the tokenizer's chat template")
@@ -45,11 +55,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.specforge_draft_config:
+        return _specforge_draft_config(args)
+    if not args.input:
+        raise OutletsError("capture needs --input (the regenerated JSONL)")
     if args.add_labels:
         return _add_labels(args)
     if not args.target or not args.output:
         raise OutletsError("capture needs --target and --output (or --add-labels DIR)")
     return _capture(args)
+
+
+def _specforge_draft_config(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
+    from specforge_outlets.data.specforge_draft_config import write_specforge_draft_config
+    from specforge_outlets.data.targets import resolve_target
+    from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
+
+    if not args.target or not args.output:
+        raise OutletsError("--specforge-draft-config needs --target (its depth decides the fusion layers) and --output FILE")
+    num_layers = int(AutoConfig.from_pretrained(resolve_target(args.target)).num_hidden_layers)
+    layers = _fusion_layers(args.fusion_layers, num_layers, default_fusion_layers, validate_fusion_layers)
+    path = write_specforge_draft_config(args.specforge_draft_config, layers, args.output)
+    print(f"wrote {path}: SpecForge's capture takes hidden_states{list(layers)} (pass it as --draft-model-config)")
+    return 0
 
 
 def read_rows(path: str) -> List[Dict[str, Any]]:
@@ -200,25 +230,42 @@ def _fusion_layers(text, num_layers, default, validate) -> tuple:
 def _add_labels(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specforge_outlets.data.add_labels import JoinError, label_file, specforge_feature_files
+    from specforge_outlets.data.add_labels import JoinError, label_file, specforge_feature_files, specforge_file_rows
 
     counts: Counter[str] = Counter()
     rows = read_rows(args.input)
     found = specforge_feature_files(args.add_labels)
     if not found:
-        raise OutletsError(f"--add-labels {args.add_labels}: no data_<i>.ckpt files found")
+        raise OutletsError(f"--add-labels {args.add_labels}: no data_<i>.ckpt or data_<i>.ckpt.gz files found")
+    read = min(args.num_samples or len(rows), len(rows))
+    for flag, value in (("--specforge-ranks", args.specforge_ranks), ("--specforge-batch-size", args.specforge_batch_size)):
+        if value < 1:
+            raise OutletsError(f"{flag} must be >= 1, got {value}")
+    file_rows = specforge_file_rows(read, args.specforge_ranks, args.specforge_batch_size)
+    unknown = [path for index, path in found if index not in file_rows]
+    if unknown:
+        raise OutletsError(f"--add-labels {args.add_labels}: {unknown[0]} (and {len(unknown) - 1} more) is not a file "
+                           f"SpecForge writes for {read} rows on {args.specforge_ranks} rank(s) at batch size "
+                           f"{args.specforge_batch_size}; give its --data-path JSONL and its --num-samples, "
+                           "--specforge-ranks and --specforge-batch-size")
     for index, path in tqdm(found, desc="add labels", unit="file"):
-        if index >= len(rows):
-            _skip(counts, "no row", f"{path}: row {index} is beyond the {len(rows)} rows of {args.input}")
+        if len(file_rows[index]) > 1:
+            _skip(counts, "ambiguous", f"{path}: skipped: two SpecForge ranks wrote rows {file_rows[index]} under "
+                                       "this name; either may be in it")
             continue
         try:
-            result = label_file(path, rows[index], args.max_length)
+            result = label_file(path, rows[file_rows[index][0]], args.max_length)
         except (JoinError, OutletsError) as exc:
             _skip(counts, "join mismatch", f"{path}: skipped: {exc}")
             continue
         counts["labelled_files"] += 1
         counts.update(result)
-    summary = {"input": args.input, "directory": args.add_labels, "files": len(found), **dict(sorted(counts.items()))}
+    without = read - len({row for index, _ in found for row in file_rows[index]})
+    if without:
+        print(f"{without} of the {read} rows SpecForge read have no feature file (its ranks drop their last partial "
+              "batch of --batch-size)")
+    summary = {"input": args.input, "directory": args.add_labels, "files": len(found), "rows_read": read,
+               "rows_without_file": without, **dict(sorted(counts.items()))}
     with open(os.path.join(args.add_labels, "labels_summary.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     print(f"labelled {counts['labelled_files']} of {len(found)} files, skipped {counts['skipped']}")

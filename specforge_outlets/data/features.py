@@ -11,11 +11,14 @@ One file per conversation, a ``torch.save`` dict that SpecForge's offline reader
                                           (optional: files captured before it have none)
 
 Files are written to a temporary name and renamed, so a crash never leaves a truncated file
-that looks finished.
+that looks finished. A ``.ckpt.gz`` (SpecForge's ``prepare_hidden_states.py --compress``) is the
+same dict gzip-compressed; it is read and written back compressed.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 from typing import Dict, Optional
 
@@ -25,6 +28,7 @@ from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.errors import OutletsError
 
 FEATURE_SUFFIX = ".ckpt"
+COMPRESSED_SUFFIX = ".ckpt.gz"
 SPECFORGE_KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
 LENGTH_KEY = "remaining_length"
 LOWER_BOUND_KEY = "remaining_lower_bound"
@@ -42,14 +46,27 @@ def save_features(path: str, features: Dict[str, torch.Tensor]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     keys = (*FEATURE_KEYS, *(key for key in OPTIONAL_KEYS if key in features))
-    torch.save({key: features[key].contiguous() for key in keys}, tmp)
+    data = {key: features[key].contiguous() for key in keys}
+    if path.endswith(COMPRESSED_SUFFIX):
+        with gzip.open(tmp, "wb") as handle:
+            torch.save(data, handle)
+    else:
+        torch.save(data, tmp)
     os.replace(tmp, path)
+
+
+def read_feature_file(path: str) -> Dict[str, torch.Tensor]:
+    """The dict of a ``.ckpt``, or of a ``.ckpt.gz`` (decompressed whole: torch.load needs to seek)."""
+    if path.endswith(COMPRESSED_SUFFIX):
+        with gzip.open(path, "rb") as handle:
+            return torch.load(io.BytesIO(handle.read()), map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_features(path: str, hidden_size: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Load and validate one feature file."""
     try:
-        features = torch.load(path, map_location="cpu", weights_only=True)
+        features = read_feature_file(path)
     except Exception as exc:  # corrupt or foreign file: name it
         raise FeatureFileError(f"{path}: not a readable feature file ({exc})") from exc
     validate_features(features, source=path, hidden_size=hidden_size)

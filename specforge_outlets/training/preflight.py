@@ -93,7 +93,7 @@ def _check_features(cfg, draft_config) -> None:
         raise OutletsError(f"data.hidden_states_path={path} does not exist; write features with `outlets capture`")
     files = list_feature_files(path)
     if not files:
-        raise OutletsError(f"data.hidden_states_path={path} holds no .ckpt feature files; run `outlets capture`")
+        raise OutletsError(f"data.hidden_states_path={path} holds no .ckpt or .ckpt.gz feature files; run `outlets capture`")
     target_hidden = getattr(draft_config, "target_hidden_size", draft_config.hidden_size)
     load_features(files[0], hidden_size=target_hidden)
     captured = read_manifest(path).get("fusion_layers")
@@ -108,15 +108,14 @@ def _check_features(cfg, draft_config) -> None:
 def _check_finished_labels(path: str) -> None:
     """Refuse features in which no response finished: every label censored, the length loss has nothing
     to learn from. Stops at the first file with a label (the first, in any usable capture)."""
-    import torch
     from specforge.runtime.data_plane.offline_reader import list_feature_files
 
-    from specforge_outlets.data.features import LENGTH_KEY
+    from specforge_outlets.data.features import LENGTH_KEY, read_feature_file
     from specforge_outlets.data.labels import NO_LABEL
 
     files = list_feature_files(path)
     for file in files:
-        if (torch.load(file, map_location="cpu", weights_only=True, mmap=True)[LENGTH_KEY] != NO_LABEL).any():
+        if (read_feature_file(file)[LENGTH_KEY] != NO_LABEL).any():
             return
     raise OutletsError(
         f"data.hidden_states_path={path}: none of its {len(files)} feature files has a finished response "
