@@ -27,8 +27,9 @@ class CachedOrderKeys(RequestKeys):
     with ``dict.__getitem__`` as the key, with no Python call per request. The keys are kept beside
     the requests rather than on them: a ``Req`` has about 160 attributes, and reading one of each
     touches memory all over the heap, which made the same sort twice as slow inside a server as on
-    small stand-ins (docs/results.md, "hot path"). The tail-safe order rewrites the merge keys of its
-    long class, which move with time. Keys are dropped whenever they could change
+    small stand-ins (benchmarks/data/scheduler-overhead/server_check_sort_timing.json). The
+    tail-safe order rewrites the merge keys of its long class, which move with time. Each order
+    computes only the keys it reads (``key_tables.KeyTable``). Keys are dropped whenever they could change
     (``key_tables.drop_order_keys``): a new prediction (``predictions.set_prediction``), and
     ``Req.reset_for_retract``, through which every request that ran goes back to a waiting queue
     (hook in ``ordering.py``). A request without keys (new, or dropped) gets them when an order first
