@@ -445,6 +445,23 @@ def test_compare_runs_reads_a_stock_sglang_bench_serving_result_beside_ours_with
     assert any("| ours |" in line for line in lines)
 
 
+def test_report_to_wandb_logs_the_summary_row_with_sglangs_keys(tmp_path, stub, monkeypatch):
+    from tests.wandb_offline import logged_tables, offline_run, run_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"id": f"r{i}", "prompt": f"q len={2 + i}"} for i in range(4)])
+    code, summary, _ = bench(tmp_path, [stub.url], "--dataset", dataset, "--rate", "inf", "--raw-prompts",
+                             "--report-to", "wandb", name="logged")
+    assert code == 0
+    run = offline_run(str(tmp_path / "logged"))
+    table = logged_tables(run)["summary"]
+    (row,) = [dict(zip(table["columns"], values)) for values in table["data"]]
+    written = summary["runs"][0]
+    assert row["label"] == "logged" and row["p99_ttft_ms"] == pytest.approx(written["p99_ttft_ms"])
+    assert row["all/e2e_p99_s"] == pytest.approx(written["metrics"]["all"]["e2e_p99_s"])
+    assert stub.url.encode() in run_records(run)  # the header (base_urls, ...) is the run's config
+
+
 def test_compare_runs_refuses_a_file_that_is_not_a_sglang_result(tmp_path, capsys):
     (tmp_path / "other.jsonl").write_text('{"backend": "sglang", "completed": 3}\n')
     assert main(["compare-runs", str(tmp_path / "other.jsonl"), "--output", str(tmp_path / "cmp")]) == 2

@@ -468,6 +468,26 @@ def test_a_baseline_whose_package_is_missing_is_named_before_anything_is_fitted(
     assert "**Baseline bert left out**" in (out / "report.md").read_text()
 
 
+def test_report_to_wandb_logs_the_predictor_table_and_plots(chat, tmp_path, capsys, monkeypatch):
+    from tests.wandb_offline import logged_images, logged_tables, offline_run, run_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    _, train_dir, test_dir = chat
+    out = tmp_path / "report"
+    assert main(["eval", "--features", test_dir, "--train-features", train_dir, "--output", str(out),
+                 "--baselines", "constant,probe-last", "--no-progress", "--report-to", "wandb"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    run = offline_run(str(out))
+    table = logged_tables(run)["predictors"]
+    rows = {values[0]: dict(zip(table["columns"], values)) for values in table["data"]}
+    assert set(rows) == {"constant", "probe-last"}
+    for name, row in rows.items():
+        assert row["static_mae"] == pytest.approx(report["predictors"][name]["static_mae"])
+        assert row["dynamic_source"] == report["predictors"][name]["dynamic_source"]
+    assert logged_images(run) == sorted(p.stem for p in out.glob("*.png")) and "mae_vs_progress" in logged_images(run)
+    assert b"censored_training" in run_records(run)  # the report's settings are the run's config
+
+
 def test_unknown_baseline_is_refused(chat, tmp_path, capsys):
     _, train_dir, test_dir = chat
     err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--baselines", "bret")

@@ -27,6 +27,7 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
+from specforge_outlets import wandb_report
 
 
 def register(subparsers) -> None:
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
     parser.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals and synthetic prompts")
+    wandb_report.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -161,6 +163,8 @@ def run(args) -> int:
            "metrics": metrics}
     for path in write_outputs(args.output, header, row, records):
         print(f"wrote {path}")
+    wandb_report.log_run(args, "bench-serving", args.output, header,
+                         {"summary": wandb_report.summary_rows_table([row])})
     failed = [record for record in records if not record.success]
     if failed:
         print(f"WARNING: {len(failed)} of {len(records)} requests failed (first: {failed[0].id}: {failed[0].error}); "

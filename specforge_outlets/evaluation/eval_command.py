@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from specforge_outlets import wandb_report
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.evaluation.predictions_file import write_predictions
 from specforge_outlets.training.settings import CENSORED_TARGETS
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    wandb_report.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -159,7 +161,21 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_summary(report, output)
+    wandb_report.log_run(args, "eval", output, {key: report[key] for key in REPORT_CONFIG},
+                         {"predictors": predictors_table(report)}, wandb_report.plots_in(output))
     return 0
+
+
+REPORT_CONFIG = ("features", "train_features", "target", "draft", "sd_only_draft", "lp_only_draft", "n_requests",
+                 "n_censored", "n_train_requests", "settings")
+PREDICTOR_COLUMNS = ("static_mae", "dynamic_mae", "dynamic_source", "spearman", "n_requests", "fit_seconds",
+                     "predict_seconds")
+
+
+def predictors_table(report: Dict[str, Any]) -> "wandb_report.Table":
+    """The report's predictors, one row each: the markdown table's numbers, for wandb."""
+    rows = [[name, *(entry.get(key) for key in PREDICTOR_COLUMNS)] for name, entry in report["predictors"].items()]
+    return ["predictor", *PREDICTOR_COLUMNS], rows
 
 
 def _resolve_target(args, manifest: Dict[str, Any]) -> Optional[str]:

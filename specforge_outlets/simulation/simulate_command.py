@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from specforge_outlets import wandb_report
 
 def register(subparsers) -> None:
     from specforge_outlets.scheduling.keys import (
@@ -91,6 +92,7 @@ def register(subparsers) -> None:
                         help="tail-safe: a request is long when the Q-quantile of its predicted remaining length "
                              "reaches --long-output-len (e.g. 0.9; default: by the point prediction)")
     parser.add_argument("--seed", type=int, default=0)
+    wandb_report.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -172,8 +174,11 @@ def run(args) -> int:
         "slo_s": plan.slo,
         "seed": args.seed,
     }
-    for path in write_report(args.output, header, rows):
+    written = write_report(args.output, header, rows)
+    for path in written:
         print(f"wrote {path}")
+    wandb_report.log_run(args, "simulate", args.output, header, {"summary": wandb_report.summary_rows_table(rows)},
+                         [path for path in written if path.endswith(".png")])
     return 0
 
 

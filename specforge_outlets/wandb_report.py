@@ -1,0 +1,64 @@
+"""``--report-to wandb``: the summary tables and plots of ``eval``, ``simulate`` and ``bench-serving``.
+
+Training logs to wandb through SpecForge's tracker (the recipe's ``tracking:``); the later stages
+write their results to files only, so a project's wandb workspace held SpecForge's half. With
+``--report-to wandb`` each of these commands, once its files are written, opens one wandb run
+(``job_type`` the command, named after its output directory, its settings as the run's config, files
+under ``OUTPUT/wandb``) and logs its summary tables as ``wandb.Table`` and its plots as
+``wandb.Image``. wandb's own environment applies: ``WANDB_MODE=offline`` (the tests), ``WANDB_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Dict, List, Sequence, Tuple
+
+Table = Tuple[List[str], List[List[Any]]]  # columns, rows
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--report-to", choices=("none", "wandb"), default="none",
+                        help="also log the summary tables and plots to wandb (one run; WANDB_MODE=offline for "
+                             "no upload; files under OUTPUT/wandb)")
+    parser.add_argument("--wandb-project", default="outlets", help="wandb project (default outlets)")
+
+
+def summary_rows_table(runs: Sequence[Dict[str, Any]]) -> Table:
+    """A summary.json's ``runs`` as one table: each row's own fields, then ``CLASS/metric`` columns."""
+    from specforge_outlets.serving.metrics import CLASSES, json_safe
+
+    columns: List[str] = []
+    flat_rows = []
+    for run in runs:
+        flat = {key: value for key, value in run.items() if key != "metrics" and not isinstance(value, (dict, list))}
+        flat.update({f"{cls}/{key}": value for cls in CLASSES for key, value in run["metrics"][cls].items()})
+        columns += [key for key in flat if key not in columns]
+        flat_rows.append(flat)
+    return columns, [[json_safe(row.get(column)) for column in columns] for row in flat_rows]
+
+
+def log_run(args, job_type: str, output_dir: str, config: Dict[str, Any], tables: Dict[str, Table],
+            images: Sequence[str] = ()) -> None:
+    """Log ``tables`` and ``images`` as one wandb run when ``--report-to wandb``; else nothing."""
+    if getattr(args, "report_to", "none") != "wandb":
+        return
+    import wandb
+
+    from specforge_outlets.serving.metrics import json_safe
+
+    run = wandb.init(project=args.wandb_project, name=os.path.basename(os.path.normpath(output_dir)),
+                     job_type=job_type, config=json_safe(config), dir=output_dir)
+    try:
+        logged = {name: wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
+                  for name, (columns, rows) in tables.items()}
+        logged.update({os.path.splitext(os.path.basename(path))[0]: wandb.Image(path) for path in images})
+        run.log(logged)
+    finally:
+        run.finish()
+    print(f"wandb: logged {', '.join(logged)} to project {args.wandb_project} ({job_type})")
+
+
+def plots_in(directory: str) -> List[str]:
+    """The PNG plots a command wrote into its output directory."""
+    return sorted(glob.glob(os.path.join(directory, "*.png")))
