@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,8 @@ def trained_run(tiny_target, tiny_features, tmp_path_factory):
     recipe = write_recipe(os.path.join(out, "recipe.yaml"), tiny_target, tiny_features, out)
     result = outlets("train", "--config", recipe)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(out, "train.stderr"), "w") as handle:  # a batch job's log: stderr is a pipe
+        handle.write(result.stderr)
     return out
 
 
@@ -60,6 +63,27 @@ def test_training_logs_length_metrics_to_wandb_offline(trained_run):
         records = f.read()  # protobuf records: history keys are stored as plain strings
     for metric in (b"length_mse", b"length_mae_tokens", b"length_l2", b"length_loss", b"sd_loss", b"total_loss"):
         assert metric in records, metric
+
+
+def test_training_run_config_holds_the_outlets_block(trained_run):
+    (records,) = glob.glob(os.path.join(trained_run, "wandb", "offline-run-*", "run-*.wandb"))
+    with open(records, "rb") as f:
+        config = f.read()  # the config is stored as JSON strings under its keys
+    for key in (b"outlets", b"length_loss_weight", b"length_l2_weight", b"length_ttt_decay", b"head_widths",
+                b"outlets_draft", b"fusion_layers"):
+        assert key in config, key
+
+
+def test_training_prints_a_progress_line_every_log_interval_when_stderr_is_not_a_terminal(trained_run):
+    with open(os.path.join(trained_run, "train.stderr")) as f:
+        log = f.read()
+    pattern = (r"outlets train: step (\d+)/(\d+) \(\d+%\) loss (\d+\.\d+) \| ([\d,]+) tokens/s \| "
+               r"elapsed \d+:\d\d:\d\d, ETA \d+:\d\d:\d\d")
+    lines = re.findall(pattern, log)
+    steps = [int(step) for step, *_ in lines]
+    total = int(lines[-1][1])
+    assert steps == list(range(1, total + 1))  # log_interval 1: one line a step
+    assert all(int(rate.replace(",", "")) > 0 for *_, rate in lines)
 
 
 def test_export_round_trip_and_length_loss_fell(trained_run, tiny_target, tiny_features, tmp_path):

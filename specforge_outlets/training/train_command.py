@@ -38,6 +38,8 @@ def run(args) -> int:
 
     from specforge_outlets.training.algorithm import outlets_registry
     from specforge_outlets.training.head_lr import install_length_head_lr
+    from specforge_outlets.training.progress import install_progress_line
+    from specforge_outlets.training.tracking import install_outlets_config
     from specforge_outlets.training.preflight import check_recipe
     from specforge_outlets.training.recipe import load_recipe
 
@@ -68,6 +70,8 @@ def run(args) -> int:
         else:
             os.environ[key] = value
     install_length_head_lr(recipe.settings.length_head_lr_scale)
+    install_progress_line()
+    install_outlets_config(recipe.settings, recipe.config.output_dir)
     role_config = _config_for_role(resolved.config, plan.role)
     try:
         with _worker_signal_unwind():
