@@ -25,7 +25,8 @@ setup(
         "and schedule SGLang requests by the predictions"
     ),
     packages=find_packages(include=["specforge_outlets", "specforge_outlets.*", "sglang_patches", "sglang_patches.*"]),
-    package_data={"specforge_outlets": ["data/builtin/*.jsonl"]},
+    package_data={"specforge_outlets": ["data/builtin/*.jsonl"],
+                  "specforge_outlets.studies.sglang_plugins": ["*/*.py", "*/*.dist-info/*"]},
     cmdclass={"build_py": BuildWithRecipes},
     python_requires=">=3.10",
     install_requires=[

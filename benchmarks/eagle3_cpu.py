@@ -14,7 +14,7 @@ the length loss). Stages, each resumable (a stage's JSON under ``--output`` is k
    reads the length head after every verify) and without it (``fcfs``, same draft, same flags), at
    ``--batch-sizes`` concurrent requests of ``--overhead-tokens`` tokens each, a fresh server per
    policy and repetition, interleaved. Times come from the test-only timing plugin
-   (``tests/sglang_harness/timing/``): each decode step's forward plus its result processing, and
+   (``specforge_outlets/studies/sglang_plugins/timing/``): each decode step's forward plus its result processing, and
    the time inside the plugin's own code (the head read and setting the estimates).
 3. ``report``: ``result.json`` and ``report.md``; ``plot`` (training environment, which has
    matplotlib): ``docs/figures/eagle3-cpu.png``.
@@ -46,6 +46,7 @@ sys.path.insert(0, REPO)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.demo.stages import written  # noqa: E402
 from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
+from specforge_outlets.studies import sglang_plugins  # noqa: E402
 
 RUNS = os.path.join(REPO, "runs", "bench-sharegpt")
 DRAFTS = {"outlets": os.path.join(RUNS, "draft-outlets"), "sd-only": os.path.join(RUNS, "draft-sd-only")}
@@ -59,16 +60,13 @@ SPECULATIVE = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "
                "--speculative-num-draft-tokens", "2"]
 MAX_PROMPT_TOKENS = 256  # prompts this long at most, so that a CPU batch of 16 fits in a few minutes
 REQUEST_TIMEOUT_S = 1800.0  # a whole burst shares two CPU cores
-# Test-only SGLang plugins of the harness (tests/sglang_harness/README.md), put on the server's path:
-# the step timer, and on the CPU the pieces SGLang's EAGLE-3 lacks with torch_native.
-HARNESS = os.path.join(REPO, "tests", "sglang_harness")
-TIMING_PLUGIN = os.path.join(HARNESS, "timing")
-EAGLE3_CPU_PLUGIN = os.path.join(HARNESS, "eagle3_cpu")
+# SGLang plugins put on the server's path (specforge_outlets.studies.sglang_plugins): the step timer,
+# and on the CPU the pieces SGLang's EAGLE-3 lacks with torch_native.
 DEVICE_ARGS = {
-    "cpu": {"args": ["--dtype", "float32"], "plugins": [EAGLE3_CPU_PLUGIN, TIMING_PLUGIN]},
+    "cpu": {"args": ["--dtype", "float32"], "plugins": [sglang_plugins.EAGLE3_CPU, sglang_plugins.TIMING]},
     # overlap scheduling off: the timing plugin then times each step's forward and commit in turn
     "cuda": {"args": ["--attention-backend", "triton", "--dtype", "bfloat16", "--disable-overlap-schedule"],
-             "plugins": [TIMING_PLUGIN]},
+             "plugins": [sglang_plugins.TIMING]},
 }
 
 

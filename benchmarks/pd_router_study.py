@@ -4,7 +4,7 @@ What ``kv_bound_server_study.py`` measures on one server, here through the deplo
 disaggregation behind the stock router, docs/serving.md step 7), on this CPU:
 
 - **Cluster**: one prefill instance and two KV-bound decode instances (``--max-total-tokens`` each),
-  KV over ``mooncake_tcp`` with the CPU work-arounds of tests/sglang_harness/pd_cpu/ (a test-only
+  KV over ``mooncake_tcp`` with the CPU work-arounds of specforge_outlets/studies/sglang_plugins/pd_cpu/ (a
   plugin put on the servers' path, as ``scheduler_server_check.py`` does with the timing plugin), and
   sglang-router 0.3.2 in PD mode in front.
 - **Policies**: the baseline users get by default, ``fcfs`` decode instances behind ``--decode-policy
@@ -41,10 +41,10 @@ sys.path.insert(0, REPO)
 from kv_bound_server_study import (END_TOKEN_ID, MAX_NEW_TOKENS, METRICS, RETRACTED, SERVE_PYTHON,  # noqa: E402
                                    SHORT_THRESHOLD, finished_runs, make_target, slug, write_workload)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
+from specforge_outlets.studies import sglang_plugins  # noqa: E402
 
 RUNS_DIR = os.path.join(REPO, "runs", "pd-router")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "pd-router")
-PD_CPU_PLUGIN = os.path.join(REPO, "tests", "sglang_harness", "pd_cpu")  # the CPU work-around, never the plugin's
 # every instance: SGLang's PD flags for a CPU machine, no prefix reuse, the client's end-at-length processor
 PD_ARGS = ["--disaggregation-transfer-backend", "mooncake_tcp", "--disable-overlap-schedule", "--disable-radix-cache",
            "--enable-custom-logit-processor", "--skip-server-warmup", "--sleep-on-idle"]
@@ -95,10 +95,10 @@ def run(args) -> None:
         prefill = SGLangServer(model, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                                        str(bootstrap), "--max-total-tokens", str(args.max_total_tokens), *PD_ARGS],
                                log_path=os.path.join(logs, "prefill.log"), python=SERVE_PYTHON, env=env,
-                               pythonpath=[PD_CPU_PLUGIN], cwd=REPO)
+                               pythonpath=[sglang_plugins.PD_CPU], cwd=REPO)
         decodes = [SGLangServer(model, [*DECODE_ARGS, "--max-total-tokens", str(args.max_total_tokens), *PD_ARGS,
                                         *policy], log_path=os.path.join(logs, f"decode{index}.log"),
-                                python=SERVE_PYTHON, env=env, pythonpath=[PD_CPU_PLUGIN], cwd=REPO)
+                                python=SERVE_PYTHON, env=env, pythonpath=[sglang_plugins.PD_CPU], cwd=REPO)
                    for index in range(DECODE_INSTANCES)]
         router = SGLangRouter(pd_router_args(prefill.url, bootstrap, [decode.url for decode in decodes], decode_policy),
                               python=SERVE_PYTHON, log_path=os.path.join(logs, "router.log"))

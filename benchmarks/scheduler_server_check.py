@@ -9,7 +9,7 @@ that a round admits one to three prompts: the waiting queue starts near ``--requ
 over thousands of rounds. Rounds are counted from the scheduler's log lines and timed by the
 server's response stamps (``response_sent_to_client_ts``). Reported per policy: the mean round time
 while at least ``--min-queue`` requests were waiting, and over the whole drain; and, from a test-only
-timing plugin (``tests/sglang_harness/timing/``), the mean time of the scheduler's
+timing plugin (``specforge_outlets/studies/sglang_plugins/timing/``), the mean time of the scheduler's
 ``get_new_batch_prefill`` (the order, with the OUTLETS hook inside it, and the admission) at that
 queue length, which separates the order's cost from per-request costs elsewhere. Every request carries a predicted length
 (``custom_params``), which stock policies ignore.
@@ -34,6 +34,7 @@ sys.path.insert(0, REPO)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402  (the tests' tiny random Llama)
 from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
+from specforge_outlets.studies import sglang_plugins  # noqa: E402
 
 POLICIES: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],
@@ -43,8 +44,6 @@ POLICIES: Dict[str, List[str]] = {
 }
 SERVER_ARGS = ["--max-prefill-tokens", "64", "--chunked-prefill-size", "64", "--max-running-requests", "4",
                "--disable-radix-cache", "--max-total-tokens", "8192", "--skip-server-warmup", "--sleep-on-idle"]
-# the test-only plugin that times get_new_batch_prefill and the sort inside it (tests/sglang_harness/timing/)
-TIMING_PLUGIN = os.path.join(REPO, "tests", "sglang_harness", "timing")
 
 
 def drain(server: SGLangServer, requests: int, seed: int) -> List[float]:
@@ -107,7 +106,7 @@ def main() -> None:
     for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
         for name in args.policies:
             log = os.path.join(work, f"{name.replace(' ', '-')}-{repetition}.log")
-            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log, pythonpath=[TIMING_PLUGIN],
+            with SGLangServer(target, POLICIES[name] + SERVER_ARGS, log_path=log, pythonpath=[sglang_plugins.TIMING],
                               env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}, cwd=REPO) as server:
                 server.generate("warm up", max_new_tokens=1)
                 before = len(server.log_text())

@@ -4,7 +4,7 @@ In-process: the prediction rides SGLang 0.5.23's own ``MetadataBuffers`` row fro
 ``set_buf`` to the decode's read (sglang_patches/pd_transfer.py). On real CPU processes: one prefill
 instance in predictor-only mode (``--outlets-draft-path``) and two decode instances with
 ``--schedule-policy outlets`` behind sglang-router 0.3.2 in PD mode, KV over ``mooncake_tcp``
-(tests/sglang_harness/pd_cpu/ and ../shared/notes/pd-and-router.md for the CPU work-arounds).
+(specforge_outlets/studies/sglang_plugins/pd_cpu/ and ../shared/notes/pd-and-router.md for the CPU work-arounds).
 """
 
 from __future__ import annotations

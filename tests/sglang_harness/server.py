@@ -4,7 +4,8 @@ Not part of the plugin. ``specforge_outlets.serving.sglang_server`` starts and s
 the serve environment, ``python -m sglang.launch_server`` in its own process group) and sends it
 requests; this module adds what the tests need on a CPU-only machine: the stub modules SGLang
 imports (``stubs/``) and the checkout on ``PYTHONPATH``, small fixed server settings, an environment
-without the caller's ``OUTLETS_*`` variables, and the test-only plugins below.
+without the caller's ``OUTLETS_*`` variables, a fault switch (``faults/``), and the CPU and timing
+plugins the studies use too (``specforge_outlets.studies.sglang_plugins``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from typing import Dict, List, Optional
 
 from specforge_outlets.serving.sglang_server import SGLangServer as _Server
 from specforge_outlets.serving.sglang_server import omp_bind_groups  # noqa: F401  (the tests' import path)
+from specforge_outlets.studies.sglang_plugins import EAGLE3_CPU, PD_CPU, TIMING
 
 HARNESS = os.path.dirname(os.path.abspath(__file__))
 STUBS = os.path.join(HARNESS, "stubs")
 FAULTS = os.path.join(HARNESS, "faults")
-TIMING = os.path.join(HARNESS, "timing")
-EAGLE3_CPU = os.path.join(HARNESS, "eagle3_cpu")
-PD_CPU = os.path.join(HARNESS, "pd_cpu")
 REPO = os.path.dirname(os.path.dirname(HARNESS))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
 # small, fixed settings of every test server; an idle scheduler sleeps instead of polling, so servers
@@ -54,11 +53,11 @@ class SGLangServer(_Server):
         if fail_prompt:  # the OUTLETS draft raises for prompts starting with these ids (faults/sitecustomize.py)
             env["OUTLETS_HARNESS_FAIL_PROMPT"] = ",".join(str(token) for token in fail_prompt)
             plugins.append(FAULTS)
-        if time_rounds:  # a test-only plugin logs the prefill scheduling time per round (timing/)
+        if time_rounds:  # a plugin logs the prefill scheduling time per round (timing/)
             plugins.append(TIMING)
-        if eagle3_cpu:  # a test-only plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
+        if eagle3_cpu:  # a plugin fills the gaps of SGLang's EAGLE-3 on torch_native (eagle3_cpu/)
             plugins.append(EAGLE3_CPU)
-        if pd_cpu:  # a test-only plugin lets a prefill instance send KV over mooncake_tcp on CPU (pd_cpu/)
+        if pd_cpu:  # a plugin lets a prefill instance send KV over mooncake_tcp on CPU (pd_cpu/)
             plugins.append(PD_CPU)
         super().__init__(model_path, [*HARNESS_ARGS, *args], env=env, log_path=log_path, python=python,
                          pythonpath=plugins[::-1], start_timeout_s=START_TIMEOUT_S, cwd=cwd)

@@ -1,4 +1,4 @@
-"""Test-only SGLang plugin: lets SGLang 0.5.23's EAGLE-3 worker run on CPU with the ``torch_native`` backend.
+"""A tests' and studies' SGLang plugin: lets SGLang 0.5.23's EAGLE-3 worker run on CPU with ``torch_native``.
 
 Found by SGLang's ``sglang.srt.plugins`` entry point through the ``.dist-info`` beside this file
 when the harness puts this directory on a server's ``PYTHONPATH`` (``SGLangServer(..., eagle3_cpu=True)``).
@@ -40,7 +40,7 @@ def _forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwar
     spec = forward_batch.spec_info
     if spec.tree_topk != 1:
         raise NotImplementedError(
-            "tests/sglang_harness/eagle3_cpu: torch_native verifies a chain of draft tokens only "
+            "sglang_plugins/eagle3_cpu: torch_native verifies a chain of draft tokens only "
             f"(--speculative-eagle-topk 1), got topk={spec.tree_topk}")
     saved = {name: getattr(forward_batch, name) for name in _FIELDS}
     prefix = forward_batch.seq_lens  # [B] tokens before the draft tokens

@@ -1,4 +1,4 @@
-"""Test-only SGLang plugin: lets a prefill instance of SGLang 0.5.23 send its KV over mooncake_tcp on CPU.
+"""A tests' and studies' SGLang plugin: lets a prefill instance of SGLang 0.5.23 send its KV over mooncake_tcp on CPU.
 
 Found by SGLang's ``sglang.srt.plugins`` entry point through the ``.dist-info`` beside this file when
 the harness puts this directory on a server's ``PYTHONPATH`` (``SGLangServer(..., pd_cpu=True)``).

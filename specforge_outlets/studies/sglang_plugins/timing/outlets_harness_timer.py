@@ -1,4 +1,4 @@
-"""Test-only SGLang plugin: times the scheduler's prefill scheduling per round, and decode steps.
+"""A tests' and studies' SGLang plugin: times the scheduler's prefill scheduling per round, and decode steps.
 
 Found by SGLang's ``sglang.srt.plugins`` entry point through the ``.dist-info`` beside this file,
 when the harness puts this directory on a server's ``PYTHONPATH`` (``SGLangServer(..., time_rounds=True)``).
