@@ -18,12 +18,9 @@ Benchmarks run as ``python benchmarks/NAME.py``, so this directory is on their p
 from __future__ import annotations
 
 import os
-import sys
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 from specforge_outlets.errors import OutletsError  # noqa: E402
 from specforge_outlets.evaluation.predictions_file import iter_record  # noqa: E402

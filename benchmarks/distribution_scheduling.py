@@ -43,8 +43,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-sys.path.insert(0, REPO)
 
 import serving_study_sharegpt as study  # noqa: E402
 from committed_data import read_eval_record  # noqa: E402

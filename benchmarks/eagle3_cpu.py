@@ -37,11 +37,9 @@ import json
 import os
 import re
 import statistics
-import sys
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.demo.stages import written  # noqa: E402

@@ -80,7 +80,6 @@ from typing import Dict, List, Optional
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from committed_data import LABEL_SET, SHAREGPT_PROMPTS, read_eval_record, shared  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402

@@ -36,7 +36,6 @@ import time
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from kv_bound_server_study import (END_TOKEN_ID, MAX_NEW_TOKENS, METRICS, RETRACTED, SERVE_PYTHON,  # noqa: E402
                                    SHORT_THRESHOLD, finished_runs, make_target, slug, write_workload)

@@ -44,8 +44,6 @@ from typing import List
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-sys.path.insert(0, REPO)
 
 import serving_study_sharegpt as study  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402

@@ -29,7 +29,6 @@ import tempfile
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402  (the tests' tiny random Llama)

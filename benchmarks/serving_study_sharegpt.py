@@ -53,7 +53,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from committed_data import (  # noqa: E402  (benchmarks/)
     AZURE_CONV_TRACE,

@@ -37,8 +37,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-sys.path.insert(0, REPO)
 
 import kv_bound_server_study as study  # noqa: E402  (benchmarks/)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
