@@ -8,13 +8,16 @@ from setuptools.command.build_py import build_py
 
 
 class BuildWithRecipes(build_py):
-    """Ship recipes/ inside the package, so that an installed `outlets demo` finds them (resources.py)."""
+    """Ship recipes/ and the llama-server build script inside the package, so that an installed `outlets
+    demo` finds its recipes and its error for a missing llama-server names a script that is there (resources.py)."""
 
     def run(self):
         super().run()
         here = os.path.dirname(os.path.abspath(__file__))
-        shutil.copytree(os.path.join(here, "recipes"), os.path.join(self.build_lib, "specforge_outlets", "recipes"),
-                        dirs_exist_ok=True)
+        package = os.path.join(self.build_lib, "specforge_outlets")
+        shutil.copytree(os.path.join(here, "recipes"), os.path.join(package, "recipes"), dirs_exist_ok=True)
+        os.makedirs(os.path.join(package, "scripts"), exist_ok=True)
+        shutil.copy(os.path.join(here, "scripts", "build-llama-server.sh"), os.path.join(package, "scripts"))
 
 
 setup(

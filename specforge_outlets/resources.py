@@ -1,7 +1,7 @@
-"""Files the package ships (recipes) and data it reads when present (``../shared``), wherever it is installed.
+"""Files the package ships (recipes, the llama-server build script) and data it reads when present (``../shared``), wherever it is installed.
 
-A wheel (``pip install .``) carries ``recipes/`` inside the package (setup.py copies it at build
-time); an editable install reads the checkout's ``recipes/``. The shared benchmark data is never
+A wheel (``pip install .``) carries ``recipes/`` and ``scripts/build-llama-server.sh`` inside the
+package (setup.py copies them at build time); an editable install reads the checkout's ``recipes/``. The shared benchmark data is never
 shipped: it is read from ``$OUTLETS_SHARED_DIR``, or from ``../shared`` beside a checkout.
 """
 
@@ -29,6 +29,13 @@ def recipe(name: str) -> str:
 def recipe_relative(path: str) -> str:
     """A path written in a recipe relative to the repository (``recipes/drafts/...``), made absolute."""
     return path if os.path.isabs(path) else os.path.join(os.path.dirname(recipes_dir()), path)
+
+
+def script(name: str) -> str:
+    """Path of a shipped script of ``scripts/`` (e.g. ``build-llama-server.sh``): the installed package's copy,
+    else the checkout's."""
+    bundled = os.path.join(PACKAGE_DIR, "scripts", name)
+    return bundled if os.path.isfile(bundled) else os.path.join(CHECKOUT_DIR, "scripts", name)
 
 
 def shared_data(relative: str) -> Optional[str]:

