@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional
 
 import pytest
 
@@ -25,7 +23,7 @@ from sglang_patches import (  # noqa: E402
 )
 from sglang_patches.client_predictions import assign_external_prediction  # noqa: E402
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
-from tests.sglang_harness.stand_in import request  # noqa: E402
+from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
     OutletsSettingsError, read_settings, validate_draft_dir,
@@ -197,26 +195,6 @@ def test_outlets_policy_sjf_sorts_by_predicted_remaining_with_ties_by_arrival(pl
     assert [r.rid for r in queue] == ["d", "b", "e", "c", "a"]
 
 
-@dataclass
-class FreshView:
-    """A request's ordering fields read afresh: the reference for the plugin's cached keys."""
-
-    rid: str
-    arrival_time: float
-    predicted_output_len: Optional[float]
-    num_generated_tokens: int
-
-
-def sglang_request(rid, predicted=None, arrival=0.0):
-    """A real SGLang ``Req`` with only the fields the order and ``Req.reset_for_retract`` read."""
-    from sglang.srt.managers.schedule_batch import Req
-
-    req = Req.__new__(Req)
-    req.__dict__.update(request(rid, predicted, arrival=arrival).__dict__)
-    req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
-    return req
-
-
 @pytest.mark.parametrize("slack", [None, 5])
 @pytest.mark.parametrize("order", ["sjf", "tail-safe"])
 def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order, slack):
@@ -235,7 +213,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         clock[0] += rng.uniform(0, 2)
         for _ in range(rng.randint(0, 25)):  # arrivals, with or without an external prediction
             count += 1
-            new = sglang_request(str(count), rng.choice([None, rng.uniform(1, 700), rng.uniform(800, 4000)]),
+            new = real_request(str(count), rng.choice([None, rng.uniform(1, 700), rng.uniform(800, 4000)]),
                                  arrival=round(clock[0] - rng.uniform(0, 3), 1))
             queue.insert(rng.choice([len(queue), 0]), new)  # SGLang appends; a yielded prefill goes first
         for req in rng.sample(queue, k=min(4, len(queue))):
@@ -246,7 +224,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
                 req.output_ids.extend([0] * rng.randint(1, 900))
                 req.reset_for_retract()
                 queue.append(req)
-        fresh = [FreshView(r.rid, r.outlets_arrival_time, P.prediction(r), len(r.output_ids)) for r in queue]
+        fresh = [fresh_view(r) for r in queue]
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected

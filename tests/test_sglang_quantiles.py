@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Tuple
 
 import pytest
 
@@ -31,7 +29,7 @@ from sglang_patches.settings import (  # noqa: E402
     QUANTILES_PARAM_KEY, OutletsSettingsError, read_settings,
 )
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
-from tests.sglang_harness.stand_in import StandInReq, request  # noqa: E402
+from tests.sglang_harness.stand_in import StandInReq, fresh_view, real_request, request  # noqa: E402
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
 LEVELS = tuple(DEFAULT_QUANTILE_LEVELS)  # 0.1, 0.25, 0.5, 0.75, 0.9
@@ -235,23 +233,6 @@ def test_client_quantiles_are_checked_against_the_servers_levels(plugins_loaded,
 # --- the waiting-queue order -------------------------------------------------------------------------
 
 
-@dataclass
-class FreshView:
-    """A request's ordering fields read afresh: the core's reference for the plugin's cached keys."""
-
-    rid: str
-    arrival_time: float
-    predicted_output_len: Optional[float]
-    num_generated_tokens: int
-    predicted_output_quantiles: Optional[Tuple[float, ...]]
-    prompt_len: int
-
-
-def fresh(req) -> FreshView:
-    return FreshView(req.rid, req.outlets_arrival_time, P.prediction(req), len(req.output_ids),
-                     P.predicted_quantiles(req), len(req.origin_input_ids))
-
-
 def make_policy(monkeypatch):
     from sglang.srt.managers import schedule_policy
     from sglang.srt.managers.schedule_policy import SchedulePolicy
@@ -271,7 +252,7 @@ def test_each_order_key_orders_sglangs_queue_as_the_core_says(plugins_loaded, mo
         policy = make_policy(monkeypatch)
         queue = [request("sure", 150.0, SURE, arrival=1.0), request("tailed", 6.0, TAILED, arrival=2.0),
                  request("point", 100.0, arrival=3.0, prompt_len=3000), request("prior", arrival=4.0)]
-        expected = [view.rid for view in admission_order([fresh(r) for r in queue], QueuePolicy.SJF,
+        expected = [view.rid for view in admission_order([fresh_view(r) for r in queue], QueuePolicy.SJF,
                                                          policy.outlets_config)]
         policy.calc_priority(queue)
         orders[key.value] = [r.rid for r in queue]
@@ -312,15 +293,9 @@ def test_cached_distribution_keys_order_as_keys_read_afresh_over_many_rounds(plu
         return tuple(LengthDistribution.log_normal(rng.uniform(5, 900), rng.uniform(0, 1.5)).quantiles)
 
     def sglang_request(rid):
-        from sglang.srt.managers.schedule_batch import Req
-
         q = quantiles()
-        req = Req.__new__(Req)
-        req.__dict__.update(request(rid, rng.choice([None, rng.uniform(1, 900)]) if q is None else q[2], q,
-                                    arrival=round(clock[0] - rng.uniform(0, 3), 1),
-                                    prompt_len=rng.randint(1, 4000)).__dict__)
-        req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
-        return req
+        return real_request(rid, rng.choice([None, rng.uniform(1, 900)]) if q is None else q[2], q,
+                            arrival=round(clock[0] - rng.uniform(0, 3), 1), prompt_len=rng.randint(1, 4000))
 
     queue, count = [], 0
     for _ in range(40):
@@ -337,7 +312,7 @@ def test_cached_distribution_keys_order_as_keys_read_afresh_over_many_rounds(plu
                 req.output_ids.extend([0] * rng.randint(1, 300))
                 req.reset_for_retract()
                 queue.append(req)
-        expected = [view.rid for view in admission_order([fresh(r) for r in queue], QueuePolicy(order), config,
+        expected = [view.rid for view in admission_order([fresh_view(r) for r in queue], QueuePolicy(order), config,
                                                          now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected

@@ -1,6 +1,9 @@
-"""A stand-in for SGLang's ``Req`` in in-process tests of the plugin, and a waiting request built from it."""
+"""A stand-in for SGLang's ``Req`` in in-process tests of the plugin, waiting requests built from it, and the
+reference view of a request that the plugin's cached order keys are checked against."""
 
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Optional, Tuple
 
 from sglang_patches import predictions as P
 
@@ -22,3 +25,32 @@ def request(rid, predicted=None, quantiles=None, arrival=0.0, generated=0, custo
     if predicted is not None:
         P.set_prediction(req, predicted, "external", quantiles)
     return req
+
+
+def real_request(rid, predicted=None, quantiles=None, arrival=0.0, prompt_len=4):
+    """A real SGLang ``Req`` (about 160 attributes, as the scheduler holds them) with :func:`request`'s fields
+    and what ``Req.reset_for_retract`` reads."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    req = Req.__new__(Req)
+    req.__dict__.update(request(rid, predicted, quantiles, arrival=arrival, prompt_len=prompt_len).__dict__)
+    req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
+    return req
+
+
+@dataclass
+class FreshView:
+    """A request's ordering fields read afresh: the core's reference for the plugin's cached keys."""
+
+    rid: str
+    arrival_time: float
+    predicted_output_len: Optional[float]
+    num_generated_tokens: int
+    predicted_output_quantiles: Optional[Tuple[float, ...]]
+    prompt_len: int
+
+
+def fresh_view(req) -> FreshView:
+    """What the order's keys read of ``req`` now."""
+    return FreshView(req.rid, req.outlets_arrival_time, P.prediction(req), len(req.output_ids),
+                     P.predicted_quantiles(req), len(req.origin_input_ids))
