@@ -107,6 +107,12 @@ def server(device: str, args: List[str], log: str) -> SGLangServer:
                         pythonpath=spec["plugins"], cwd=REPO)
 
 
+def recorded(flags: List[str]) -> List[str]:
+    """Server flags as a committed result keeps them: paths in the checkout relative to it, no machine's path."""
+    return [os.path.relpath(flag, REPO) if os.path.isabs(flag) and flag.startswith(REPO + os.sep) else flag
+            for flag in flags]
+
+
 def log_path(result_path: str) -> str:
     """Where the server of a stage's result logs: runs/eagle3-logs/<stage>/<name>.log."""
     stage, name = os.path.split(result_path)
@@ -141,7 +147,8 @@ def acceptance(args) -> None:
         if written(path):
             continue
         rows = serve_greedy(args.device, flags, prompts, args.max_new_tokens, log_path(path))
-        write_text_atomic(path, json.dumps({"flags": flags, "max_new_tokens": args.max_new_tokens, "rows": rows}, indent=1))
+        write_text_atomic(path, json.dumps({"flags": recorded(flags), "max_new_tokens": args.max_new_tokens, "rows": rows},
+                                           indent=1))
         print(f"{name}: {len(rows)} requests", flush=True)
 
 
@@ -178,7 +185,8 @@ def overhead(args) -> None:
                     running.burst([{"input_ids": p["input_ids"], "max_new_tokens": args.overhead_tokens}
                                    for p in prompts[:batch]], gap_s=0.0, timeout=REQUEST_TIMEOUT_S)
                     rows[batch] = decode_steps(running.log_text()[before:]).get(batch)
-            write_text_atomic(path, json.dumps({"policy": name, "flags": draft + flags, "repetition": repetition, "by_batch": rows}, indent=1))
+            write_text_atomic(path, json.dumps({"policy": name, "flags": recorded(draft + flags), "repetition": repetition,
+                                                "by_batch": rows}, indent=1))
             print(f"{name} #{repetition}: {rows}", flush=True)
 
 

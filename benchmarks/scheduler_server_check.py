@@ -116,7 +116,9 @@ def main() -> None:
                    **prefill_scheduling_ms(drained, args.min_queue)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"command": "python benchmarks/scheduler_server_check.py " + " ".join(sys.argv[1:]),
+    # the command as run but for where it wrote: the file says where it is, and a machine's path is not recorded
+    given = re.sub(r"\s*--output(=|\s+)\S+", "", " ".join(sys.argv[1:]))
+    result = {"command": f"python benchmarks/scheduler_server_check.py {given}".rstrip(),
               "server_args": SERVER_ARGS, "requests": args.requests, "min_queue": args.min_queue, "rows": rows}
     path = write_text_atomic(os.path.join(args.output, "server_check.json"), json.dumps(result, indent=1))
     print(f"wrote {path}")
