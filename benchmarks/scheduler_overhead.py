@@ -331,17 +331,22 @@ def measured_by(result: dict, part: str) -> str:
 
 
 def report(result: dict) -> str:
-    parts = ["# Scheduler hot-path overhead", "", "## Ordering, per scheduling round", "",
-             measured_by(result, "ordering"), "", ratio_table(result["ordering"]), "", "## Routing, per dispatch", "",
-             measured_by(result, "routing"), "",
-             "| ranks | round_robin | total_tokens | outlets | outlets / total_tokens |", "|---:|---:|---:|---:|---:|"]
-    for row in result["routing"]:
-        parts.append(f"| {row['ranks']} | {row['round_robin us']:.2f} us | {row['total_tokens us']:.2f} us | "
-                     f"{row['outlets us']:.2f} us | x{row['outlets us'] / row['total_tokens us']:.2f} |")
-    parts += ["", "## Load snapshot, per publish (scheduler side)", "", measured_by(result, "snapshot"), "",
-              "| running | waiting | added by outlets |", "|---:|---:|---:|"]
-    parts += [f"| {row['running']} | {row['waiting']:,} | {row['added ms']:.3f} ms |" for row in result["snapshot"]]
-    if result.get("predictor"):
+    """The measured parts' tables (a fresh output measured with ``--parts`` has only those)."""
+    parts = ["# Scheduler hot-path overhead"]
+    if "ordering" in result:
+        parts += ["", "## Ordering, per scheduling round", "", measured_by(result, "ordering"), "",
+                  ratio_table(result["ordering"])]
+    if "routing" in result:
+        parts += ["", "## Routing, per dispatch", "", measured_by(result, "routing"), "",
+                  "| ranks | round_robin | total_tokens | outlets | outlets / total_tokens |", "|---:|---:|---:|---:|---:|"]
+        parts += [f"| {row['ranks']} | {row['round_robin us']:.2f} us | {row['total_tokens us']:.2f} us | "
+                  f"{row['outlets us']:.2f} us | x{row['outlets us'] / row['total_tokens us']:.2f} |"
+                  for row in result["routing"]]
+    if "snapshot" in result:
+        parts += ["", "## Load snapshot, per publish (scheduler side)", "", measured_by(result, "snapshot"), "",
+                  "| running | waiting | added by outlets |", "|---:|---:|---:|"]
+        parts += [f"| {row['running']} | {row['waiting']:,} | {row['added ms']:.3f} ms |" for row in result["snapshot"]]
+    if "predictor" in result:
         parts += ["", f"## Predictor-only mode, per request (CPU, 1 thread, draft {result['draft']})", "",
                   measured_by(result, "predictor"), "",
                   "| prompt tokens | per request | per prefill token |", "|---:|---:|---:|"]
