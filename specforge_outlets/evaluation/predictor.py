@@ -25,8 +25,8 @@ DYNAMIC_COUNTDOWN = "countdown"  # max(r_hat_0 - t, 1): the static prediction mi
 class Prediction:
     static: float  # r_hat_0, tokens
     dynamic: Optional[np.ndarray] = None  # r_hat_t for t = 0 .. L-1, tokens
-    # a predictor with a quantile head (issue 27): remaining-token quantiles at its ``quantile_levels``
-    # for t = 0 .. L-1 ([L, K]; row 0 is the whole output length's), non-decreasing along K
+    # a predictor with a quantile head (a predicted length distribution): remaining-token quantiles at its
+    # ``quantile_levels`` for t = 0 .. L-1 ([L, K]; row 0 is the whole output length's), non-decreasing along K
     dynamic_quantiles: Optional[np.ndarray] = None
 
 
