@@ -21,7 +21,8 @@ Caches (``REGIMES``): 4 colocated H100 instances of 100,000 KV tokens (the cache
 
 Stages, each resumable (a cell's JSON is kept and skipped; delete it to run again):
 
-- ``simulate``: one JSON per (workload, cache, load, seed) under ``cells/``, every run in it;
+- ``simulate``: one JSON per (workload, cache, load, seed) under ``cells/``, every run in it (written after each
+  run; a rerun simulates only the runs a cell lacks);
 - ``quality``: each rung's censoring-aware C-index per workload (``quality-<workload>.json``);
 - ``report``: ``report.md``, every ratio to the best SGLang peer at that load (mean [range] over seeds);
 - ``plot``: ``docs/figures/predictor-ladder.png``, gain against prediction quality, one line per configuration.
@@ -174,10 +175,11 @@ class Setup:
     knobs: Tuple[float, float, int] = (1.0, 0.14, 600)
 
 
-# The plugin's configurations, each run with every rung. (The peak admission of issue 35, KV admitted by
-# the predicted future peak, joins here once the scheduling core has it.)
+# The plugin's configurations, each run with every rung: today's default, KV admitted by the predicted future
+# peak (issue 35), the order alone under SGLang's admission, SJF instead of tail-safe
 CONFIGS = {
     "default (tail-safe + KV by prediction)": Setup("least-predicted-work", "tail-safe", KVAdmission.PREDICTED),
+    "peak (tail-safe + KV by the predicted peak)": Setup("least-predicted-work", "tail-safe", KVAdmission.PEAK),
     "order only (tail-safe, SGLang's admission)": Setup("least-predicted-work", "tail-safe", KVAdmission.SGLANG),
     "sjf + KV by prediction": Setup("least-predicted-work", "sjf", KVAdmission.PREDICTED),
 }
@@ -190,9 +192,14 @@ PEERS = {
     SGLANG_DEFAULT: Setup("round-robin", "fcfs", KVAdmission.SGLANG),
     **{f"SGLang {name} c{c:g} f{f:g} d{d}": Setup(routing, "fcfs", KVAdmission.SGLANG, (c, f, d))
        for name, routing in BALANCING.items() for c, f, d in KNOB_GRID},
+    # the prediction-free past-future admission (the peak with every end from the instance's history of lengths)
+    **{f"past-future {name} + fcfs": Setup(routing, "fcfs", KVAdmission.PAST_FUTURE)
+       for name, routing in {"round robin": "round-robin", "total_requests": "least-requests"}.items()},
     "vLLM default (round robin + fcfs)": Setup("round-robin", "fcfs", KVAdmission.VLLM),
 }
+# the reference of every ratio: SGLang's default and SGLang tuned by its own knobs
 SGLANG_PEERS = [label for label in PEERS if label.startswith("SGLang")]
+PAST_FUTURE_PEERS = [label for label in PEERS if label.startswith("past-future")]
 
 
 def cluster_of(setup: Setup, kv_capacity: Optional[int]):
@@ -219,28 +226,31 @@ def cell_path(output: str, workload: str, regime: str, rate: float, seed: int) -
 
 
 def simulate_cell(work, regime: str, rate: float, seed: int, requests: int, path: str) -> None:
-    """Every run of a cell; a cell written before keeps its runs, and only the runs it lacks (a configuration or rung
-    added since) are simulated and added."""
+    """Every run of a cell, the cell written after each (a session that ends loses one run at most); a cell written
+    before keeps its runs, and only the runs it lacks are simulated and added."""
     done = {}
     if os.path.exists(path):
         with open(path) as handle:
             done = by_label(json.load(handle))
     trace, drawn = work.trace(rate, requests, seed)
     capacity = REGIMES[regime]
-    runs = []
+    cell = {"workload": work.name, "regime": regime, "kv_capacity_tokens": capacity, "rate_rps": rate, "seed": seed,
+            "requests": requests, "runs": []}
+
+    def add(label: str, identity: dict, predictions, setup: Setup) -> dict:
+        cell["runs"].append(done.get(label) or {**identity, **run(trace, predictions, setup, capacity)})
+        write_text_atomic(path, json.dumps(cell, separators=(",", ":")))
+        return cell["runs"][-1]
+
     for label, setup in PEERS.items():
-        runs.append(done.get(label) or {"peer": label, **run(trace, [None] * len(trace), setup, capacity)})
-        print(f"  {label:52s} short P99 {runs[-1]['short_p99_s']:7.2f} s  ({runs[-1]['wall_s']:.1f} s)", flush=True)
+        result = add(label, {"peer": label}, [None] * len(trace), setup)
+        print(f"  {label:52s} short P99 {result['short_p99_s']:7.2f} s  ({result['wall_s']:.1f} s)", flush=True)
     for rung, predict in RUNGS.items():
         predictions = predict(work, trace, drawn, seed)
         for config, setup in CONFIGS.items():
-            runs.append(done.get(f"{config} | {rung}")
-                        or {"config": config, "rung": rung, **run(trace, predictions, setup, capacity)})
-            print(f"  {config:44s} {rung:20s} short P99 {runs[-1]['short_p99_s']:7.2f} s  "
-                  f"retractions {runs[-1]['retractions']:4d}  ({runs[-1]['wall_s']:.1f} s)", flush=True)
-    write_text_atomic(path, json.dumps({"workload": work.name, "regime": regime, "kv_capacity_tokens": capacity,
-                                        "rate_rps": rate, "seed": seed, "requests": requests, "runs": runs},
-                                       separators=(",", ":")))
+            result = add(f"{config} | {rung}", {"config": config, "rung": rung}, predictions, setup)
+            print(f"  {config:44s} {rung:20s} short P99 {result['short_p99_s']:7.2f} s  "
+                  f"retractions {result['retractions']:4d}  ({result['wall_s']:.1f} s)", flush=True)
 
 
 def complete(path: str) -> bool:
@@ -312,10 +322,13 @@ def quality(args) -> None:
 
 
 def read_cells(output: str) -> Dict[Tuple[str, str, float], List[dict]]:
-    """Cells by (workload, cache, load), one per seed, seeds in order."""
+    """The complete cells by (workload, cache, load), one per seed, seeds in order (one still running is left out)."""
     cells: Dict[Tuple[str, str, float], List[dict]] = {}
     folder = os.path.join(output, "cells")
     for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not complete(os.path.join(folder, file)):
+            print(f"{file}: not complete, left out", flush=True)
+            continue
         with open(os.path.join(folder, file)) as handle:
             cell = json.load(handle)
         cells.setdefault((cell["workload"], cell["regime"], cell["rate_rps"]), []).append(cell)
@@ -370,29 +383,36 @@ def ladder_table(seeds_at: Dict[float, List[dict]]) -> List[str]:
 
 
 DEFAULT_CONFIG = next(iter(CONFIGS))
+AIM_CONFIGS = [DEFAULT_CONFIG, "peak (tail-safe + KV by the predicted peak)"]  # today's default and its candidate
 ORDER = ["constant", *LEARNED, "ceiling", "oracle"]  # the aim: short P99 falls (or holds) along this order
 MONOTONE_SLACK = 0.02  # of the short P99 ratio
 
 
-def aim_rows(workload: str, regime: str, seeds_at: Dict[float, List[dict]]) -> List[str]:
-    """The issue's aim under the default, at each load: the ladder's order, the oracle and the ceiling against
-    the best SGLang peer, no class above 1.05x."""
+def aim_rows(config: str, workload: str, regime: str, seeds_at: Dict[float, List[dict]]) -> List[str]:
+    """The issue's aim under ``config``, at each load: the ladder's order, the oracle and the ceiling against the best
+    SGLang peer, no class above 1.05x; the best past-future peer beside them."""
     rows = []
     for index, rate in enumerate(sorted(seeds_at)):
         seeds, best = seeds_at[rate], best_sglang(seeds_at[rate])
-        short = {rung: ratios(seeds, f"{DEFAULT_CONFIG} | {rung}", best, "short_p99_s").mean() for rung in ORDER}
-        ceiling_long = ratios(seeds, f"{DEFAULT_CONFIG} | ceiling", best, "long_p99_s").mean()
+        short = {rung: ratios(seeds, f"{config} | {rung}", best, "short_p99_s").mean() for rung in ORDER}
+        ceiling_long = ratios(seeds, f"{config} | ceiling", best, "long_p99_s").mean()
+        past_future = min(ratios(seeds, peer, best, "short_p99_s").mean() for peer in PAST_FUTURE_PEERS)
         learned_best = min(short[rung] for rung in LEARNED)
         learned_worst = max(short[rung] for rung in LEARNED)
         # within MONOTONE_SLACK: a difference smaller than the seeds' usual spread orders nothing
         monotone = (short["constant"] >= learned_worst - MONOTONE_SLACK
                     and learned_best >= short["ceiling"] - MONOTONE_SLACK
                     and short["ceiling"] >= short["oracle"] - MONOTONE_SLACK)
+        ceiling_meets = short["ceiling"] <= 0.6 and not ceiling_long > 1.05
+        checks = [yes_no(monotone), yes_no(short["oracle"] <= 1), f"{yes_no(ceiling_meets)} ({ceiling_long:.2f})"]
         rows.append(f"| {workload} | {regime} | {rate:g}{' (knee)' if index == 0 else ''} | "
-                    + " | ".join(f"{short[rung]:.2f}" for rung in ORDER)
-                    + f" | {'yes' if monotone else 'no'} | {'yes' if short['oracle'] <= 1 else 'no'} | "
-                    f"{'yes' if short['ceiling'] <= 0.6 and not ceiling_long > 1.05 else 'no'} ({ceiling_long:.2f}) |")
+                    + " | ".join(f"{short[rung]:.2f}" for rung in ORDER) + f" | {past_future:.2f} | "
+                    + " | ".join(checks) + " |")
     return rows
+
+
+def yes_no(value: bool) -> str:
+    return "yes" if value else "no"
 
 
 def report(args) -> None:
@@ -403,14 +423,15 @@ def report(args) -> None:
     lines = ["# The ladder of predictors (benchmarks/predictor_ladder.py)", "",
              "Every ratio is to the best SGLang peer at that load and cache (the lowest short P99 of SGLang's default "
              "and its tuned grid, mean over seeds), computed per seed on the same trace; mean [range] over the seeds. "
-             f"Short: output < {SHORT_THRESHOLD} tokens.", "",
-             f"## The aim under the default ({DEFAULT_CONFIG}): short P99 ratio per rung", "",
-             "| workload | cache | requests/s | " + " | ".join(ORDER)
-             + " | constant ≥ learned ≥ ceiling ≥ oracle (within 0.02) | oracle ≤ 1 "
-             "| ceiling ≤ 0.6, long ≤ 1.05 (ceiling's long; nan: no long request) |",
-             "|---|---|---|" + "---:|" * len(ORDER) + "---|---|---|"]
-    for (workload, regime), seeds_at in grouped.items():
-        lines += aim_rows(workload, regime, seeds_at)
+             f"Short: output < {SHORT_THRESHOLD} tokens.",
+             f"Monotone: constant ≥ learned ≥ ceiling ≥ oracle, each within {MONOTONE_SLACK}."]
+    for config in AIM_CONFIGS:
+        lines += ["", f"## The aim under {config}: short P99 ratio per rung", "",
+                  "| workload | cache | requests/s | " + " | ".join(ORDER) + " | best past-future peer | monotone "
+                  "| oracle ≤ 1 | ceiling ≤ 0.6, long ≤ 1.05 (ceiling's long; nan: no long request) |",
+                  "|---|---|---|" + "---:|" * (len(ORDER) + 1) + "---|---|---|"]
+        for (workload, regime), seeds_at in grouped.items():
+            lines += aim_rows(config, workload, regime, seeds_at)
     lines += ["", "## Prediction quality: censoring-aware C-index of each rung", "",
               "| workload | " + " | ".join(RUNGS) + " |", "|---|" + "---:|" * len(RUNGS)]
     for name in dict.fromkeys(workload for workload, _ in grouped):
