@@ -16,7 +16,8 @@ SERVE_STAMP := $(SERVE_VENV)/.outlets-serve-installed
 SERVE_TESTS := tests/test_sglang_plugin.py tests/test_sglang_server.py tests/test_sglang_dp.py tests/test_sglang_predictor.py \
 	tests/test_sglang_eagle3_draft.py tests/test_sglang_kernel_reference.py tests/test_sglang_eagle3_mode.py tests/test_sglang_admission.py \
 	tests/test_sglang_load_endpoint.py tests/test_sglang_client_predictions.py tests/test_sglang_documented_path.py \
-	tests/test_sglang_router.py tests/test_sglang_pd.py tests/test_sglang_quantiles.py tests/test_sglang_quantiles_server.py
+	tests/test_sglang_router.py tests/test_sglang_pd.py tests/test_sglang_quantiles.py tests/test_sglang_quantiles_server.py \
+	tests/test_sglang_pd_admission.py
 
 .PHONY: install llama-server serve-env demo test test-serve clean
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import SchedulingConfig
+from specforge_outlets.scheduling import CacheState, DecodePreallocAdmission, KVRequest, SchedulingConfig
 from specforge_outlets.simulation import sglang_admission
 from specforge_outlets.simulation.cluster import PredictionPoint, cluster_config_from_dict
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
@@ -21,9 +21,50 @@ from specforge_outlets.serving.trace import Trace
 from tests.binding_cache import binding_cluster, binding_trace
 
 
-def test_sglang_admission_is_refused_for_disaggregated_decode_instances():
-    with pytest.raises(OutletsError, match="kv_admission sglang models SGLang's PrefillAdder.*set mode colocated"):
-        cluster_config_from_dict({"mode": "disaggregated", "kv_admission": "sglang"}, "test")
+def test_a_decode_instance_pre_allocates_a_prompt_while_r_per_active_request_stays_free():
+    """SGLang's decode pre-allocation, by hand (R = 512): one running request (prompt 100, 50 output tokens of
+    max_new_tokens 1,000: it holds 149, could retract 150 and still needs 1,100 - 150 = 950 of its own)."""
+    running = [KVRequest(0, 50, 1000, held=149)]
+    admission = DecodePreallocAdmission()
+    # a 200-token prompt asks max(200 + 512, 200 + 1000 - 150) = 1050 of free - max(512 x 1, 950)
+    assert not admission.open_round(CacheState(1999, running)).admit(KVRequest(200, 0, 1000))
+    round_ = admission.open_round(CacheState(2000, running))
+    assert round_.admit(KVRequest(200, 0, 1000))
+    # then 1800 free, two active: a 10-token prompt asks max(522, 860) of 1800 - max(1024, 950)
+    assert not round_.admit(KVRequest(10, 0, 1000))
+    assert admission.open_round(CacheState(1800, running, [KVRequest(200, 0, 1000)])).admit(KVRequest(10, 0, 700))
+    # a retracted request resumes its 300 tokens of KV when 300 + 512 fit free - 512 x active (no own need)
+    assert admission.open_resume_round(CacheState(1324, running)).admit(KVRequest(300, 20, 1000))
+    assert not admission.open_resume_round(CacheState(1323, running)).admit(KVRequest(300, 20, 1000))
+
+
+def test_a_retracted_request_on_a_decode_instance_resumes_before_any_new_prompt_and_computes_nothing_again(monkeypatch):
+    """SGLang's decode instance keeps retracted requests aside (their KV in a host backup) and pre-allocates no
+    prompt while one waits; the simulated one resumes them without a prefill."""
+    cluster = cluster_config_from_dict({"mode": "disaggregated", "decode_instances": 1, "kv_capacity_tokens": 6000,
+                                        "max_new_tokens": 2000, "kv_admission": "sglang"}, "test")
+    rng = np.random.default_rng(7)  # half the outputs outgrow the 512 tokens reserved for each
+    outputs = np.where(rng.random(60) < 0.5, rng.integers(600, 1500, size=60), rng.integers(5, 120, size=60))
+    trace = Trace("resume", [str(i) for i in range(60)], np.sort(rng.uniform(0.0, 1.0, size=60)),
+                  rng.integers(50, 900, size=60), outputs)
+    simulation = Simulation(trace, [None] * 60, cluster, Policy(routing_policy("round-robin"), queue_policy("fcfs")),
+                            SchedulingConfig())
+    admitted_while_retracted, prefilled = [], []
+    take_head, start_segment = EngineInstance._take_head, EngineInstance._start_segment
+
+    def recorded_take_head(self, now, reservation):
+        admitted_while_retracted.append(bool(self.retracted))
+        return take_head(self, now, reservation)
+
+    def recorded_start_segment(self, now):
+        prefilled.append(bool(self.prefilling))
+        start_segment(self, now)
+
+    monkeypatch.setattr(EngineInstance, "_take_head", recorded_take_head)
+    monkeypatch.setattr(EngineInstance, "_start_segment", recorded_start_segment)
+    result = simulation.run()
+    assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
+    assert admitted_while_retracted and not any(admitted_while_retracted) and not any(prefilled)
 
 
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "lof", "shortest-prefill-first", "hrrn"])

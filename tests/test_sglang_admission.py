@@ -372,12 +372,13 @@ def test_the_plugin_records_the_output_lengths_of_requests_leaving_their_batch(p
 
 
 def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], ratio: float,
-                    admission: str = "sglang", queue: str = "fcfs") -> EngineInstance:
-    """A simulated instance holding ``running`` (each ``max_new`` its asked max_new_tokens) with ``waiting`` queued."""
+                    admission: str = "sglang", queue: str = "fcfs", mode: str = "colocated") -> EngineInstance:
+    """A simulated instance (``mode`` disaggregated: a decode instance) holding ``running`` (each ``max_new`` its
+    asked max_new_tokens) with ``waiting`` queued."""
     from specforge_outlets.simulation.engine import SimRequest
 
-    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": capacity,
-                                        "max_new_tokens": 1, "kv_admission": admission,
+    cluster = cluster_config_from_dict({"mode": mode, "instances": 1, "decode_instances": 1,
+                                        "kv_capacity_tokens": capacity, "max_new_tokens": 1, "kv_admission": admission,
                                         "kv_prediction_margin": KV_MARGIN}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy(queue)),

@@ -26,6 +26,10 @@ each one's need is below what is left, charging it as it goes. They differ only 
   request's remaining length from the history of output lengths alone, no prediction (LightLLM's
   ``PastFutureQueue``, deterministic).
 
+On a disaggregated decode instance SGLang admits by another rule (``sglang`` there,
+:class:`DecodePreallocAdmission`): a transferred prompt's KV is pre-allocated while the cache keeps
+``num_reserved_decode_tokens`` free per active request and room for the running request that needs most.
+
 vLLM's (``vllm``, ``vllm-0.13``; its arithmetic is ``simulation/vllm_admission.py``'s) reserves nothing
 ahead: a request is admitted while the blocks of its sequence (v0.13: of its first chunk) are free.
 """
@@ -49,6 +53,9 @@ CLIP_MAX_NEW_TOKENS = 4096
 # The KV pool's page size on the simulated and tested servers (SGLang's default, 1): SGLang's
 # admission adds one page per request for alignment.
 PAGE_SIZE = 1
+# SGLang's --num-reserved-decode-tokens (its default): the KV tokens a disaggregated decode instance keeps
+# free per active request (running, in transfer, waiting to join the batch) when it pre-allocates a prompt
+NUM_RESERVED_DECODE_TOKENS = 512
 # Output lengths of the requests that finished last that the history keeps (LightLLM's PastFutureQueue
 # WINDOW_SIZE): enough for a stable mean of the remaining length given survival, short enough to
 # follow a workload that drifts.
@@ -70,7 +77,8 @@ class KVAdmission(Enum):
     # plugin's charge with SGLang's retraction order
     PREDICTED = "predicted"
     # SGLang 0.5.23's own (SGLangAdmission): running requests charged min(max_new_tokens - generated,
-    # 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096)
+    # 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096); on a
+    # disaggregated decode instance its DecodePreallocQueue's (DecodePreallocAdmission)
     SGLANG = "sglang"
     # vLLM 0.34.0's own (VLLMAdmission with simulation/vllm_admission.py's rules): nothing reserved
     # ahead, a request admitted when its whole sequence's blocks are free
@@ -378,6 +386,58 @@ class PastFutureAdmission(PeakAdmission):
         return super().predicted_total(request._replace(predicted_output_len=None, predicted_output_quantiles=None))
 
 
+class DecodePreallocAdmission(Admission):
+    """SGLang 0.5.23's disaggregated decode instance (``DecodePreallocQueue``, page size 1, no radix cache).
+
+    A transferred request's prompt KV is pre-allocated, in queue order (``pop_preallocated``), when
+    ``max(prompt + R, prompt + min(max_new_tokens, CLIP) - retractable)`` is at most the allocatable
+    tokens, ``free - max(R x active requests, the most any running request still needs beyond the KV
+    all running ones hold)`` (``_required_admission_tokens``, ``_allocatable_token_budgets``): R is
+    ``num_reserved_decode_tokens``, retractable the prompt + output tokens of the running requests.
+    Nothing is charged for the output beyond that, so the cache can overflow, and the decode batch
+    retracts as a colocated one does. A retracted request resumes from its KV backup first
+    (``resume_retracted_reqs``, :meth:`open_resume_round`): its KV + R against ``free - R x active``,
+    and no prompt is pre-allocated while one waits.
+    """
+
+    def __init__(self, reserved_per_request: int = NUM_RESERVED_DECODE_TOKENS) -> None:
+        self.reserved_per_request = reserved_per_request
+
+    def open_round(self, state: CacheState) -> AdmissionRound:
+        """A ``pop_preallocated`` round: ``state.prefilling`` are the other active requests (resumed, not yet running)."""
+        # a running request holds prompt + output but the last token: retractable counts the last token too
+        retractable = sum(request.held + 1 for request in state.running)
+        # the prompt and clipped max_new_tokens of the running request that needs most, beyond what all hold
+        need_single = max((request.held + 1 - request.generated + min(request.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+                           for request in state.running), default=retractable) - retractable
+        return PreallocRound(self, state.free, len(state.running) + len(state.prefilling), need_single, retractable)
+
+    def open_resume_round(self, state: CacheState) -> AdmissionRound:
+        """A ``resume_retracted_reqs`` round: no running request's own need, nothing against the retractable KV."""
+        return PreallocRound(self, state.free, len(state.running) + len(state.prefilling), 0, None)
+
+
+class PreallocRound(AdmissionRound):
+    """A round of :class:`DecodePreallocAdmission`; a request's ``extend`` is the KV it is allocated (a
+    transferred prompt, or a retracted request's prompt + output but the last token)."""
+
+    def __init__(self, admission: DecodePreallocAdmission, free: float, active: int, need_single: int,
+                 retractable: Optional[int]) -> None:
+        self.admission, self.free, self.active = admission, free, active
+        self.need_single, self.retractable = need_single, retractable
+
+    def admit(self, request: KVRequest) -> bool:
+        reserved = self.admission.reserved_per_request
+        required = request.extend + reserved
+        if self.retractable is not None:  # a new prompt: room for its own output beyond what could be retracted
+            required = max(required, request.extend + min(request.max_new_tokens, CLIP_MAX_NEW_TOKENS) - self.retractable)
+        if required > self.free - max(reserved * self.active, self.need_single):
+            return False
+        self.free -= request.extend  # allocated; one more active request reserves its share
+        self.active += 1
+        return True
+
+
 class BlockRules(Protocol):
     """A vLLM version's admission arithmetic (``simulation.vllm_admission.VLLMRules``)."""
 
@@ -421,12 +481,13 @@ class BlockRound(AdmissionRound):
 
 def create_admission(policy: KVAdmission, config: SchedulingConfig, margin: float = 0.0, level: float = 0.5,
                      block_rules: Optional[BlockRules] = None, watermark_blocks: int = 0,
-                     history: Optional[OutputLengthHistory] = None) -> Admission:
+                     history: Optional[OutputLengthHistory] = None, decode_only: bool = False) -> Admission:
     """The strategy of a rule: ``margin`` for ``predicted``, ``level`` for ``quantile`` and ``peak``, the
     instance's ``history`` of output lengths for ``peak`` and ``past-future`` (a new one if None), a vLLM
-    version's ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``."""
+    version's ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``; ``decode_only``: the
+    instance is a disaggregated decode instance (``sglang`` is then SGLang's pre-allocation rule)."""
     if policy is KVAdmission.SGLANG:
-        return SGLangAdmission()
+        return DecodePreallocAdmission() if decode_only else SGLangAdmission()
     if policy is KVAdmission.PREDICTED:
         return PredictedChargeAdmission(margin, config)
     if policy is KVAdmission.QUANTILE:

@@ -171,12 +171,8 @@ def check_kv_admission(config: ClusterConfig, source: str) -> None:
     if config.kv_admission in PEAK_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
             f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated instances "
-            "run; disaggregated decode instances admit transferred requests by another rule: set mode colocated")
-    if config.kv_admission is KVAdmission.SGLANG and config.mode is not ClusterMode.COLOCATED:
-        raise OutletsError(
-            f"{source}: kv_admission sglang models SGLang's PrefillAdder, which colocated instances run; its "
-            "disaggregated decode instances admit by num_reserved_decode_tokens per request instead, which is not "
-            "modelled: set mode colocated, or kv_admission max-new-tokens or predicted")
+            "run; disaggregated decode instances admit transferred requests by another rule (kv_admission sglang runs "
+            "it): set mode colocated")
     if config.kv_admission in VLLM_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
             f"{source}: kv_admission {config.kv_admission.value} models vLLM's Scheduler on colocated instances; vLLM "

@@ -265,6 +265,10 @@ class EngineInstance:
         # charge, or on a colocated instance the plugin's (sglang_patches/kv_admission.py hooks the same rounds)
         self.sglang = cluster.kv_admission in CHARGE_ADMISSIONS and (
             cluster.kv_admission is KVAdmission.SGLANG or cluster.mode is ClusterMode.COLOCATED)
+        # a disaggregated decode instance under SGLang's admission: its DecodePreallocQueue admits transferred
+        # prompts (DecodePreallocAdmission) and keeps retracted requests aside, resumed from their KV backup
+        self.prealloc = self.sglang and not chunked_prefill_size
+        self.retracted: Deque[SimRequest] = deque()  # SGLang's retracted_queue, in the order retracted
         # the vLLM version's rules under vLLM's admission, else None
         self.vllm: Optional[vllm_admission.VLLMRules] = vllm_admission.RULES.get(cluster.kv_admission)
         watermark = 0
@@ -277,7 +281,7 @@ class EngineInstance:
         # disaggregated decode instance the plugin's charge sizes a per-request reservation (_reservation)
         self.admission: Optional[Admission] = None if cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS else (
             create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_prediction_margin, cluster.kv_quantile,
-                             self.vllm, watermark, self.history))
+                             self.vllm, watermark, self.history, decode_only=not chunked_prefill_size))
         # SGLang without --enable-mixed-chunk (its default) runs a prefill batch alone: the decode batch waits
         self.prefill_alone = self.sglang and bool(chunked_prefill_size)
         self.new_token_ratio = sglang_admission.NewTokenRatio.tuned(
@@ -313,7 +317,7 @@ class EngineInstance:
 
     # --- load, as a router sees it -------------------------------------------------------------
     def num_requests(self) -> int:
-        return len(self.running) + len(self.prefilling) + len(self.queue) + self.incoming
+        return len(self.running) + len(self.prefilling) + len(self.queue) + len(self.retracted) + self.incoming
 
     def load(self, now: float, with_work: bool, with_tokens: bool = False) -> RankLoad:
         waiting = len(self.prefilling) + len(self.queue) + self.incoming
@@ -352,7 +356,7 @@ class EngineInstance:
             self._next_step(now)
         elif self.segment_chunk:
             return  # a mixed step: admission follows at its end
-        elif self.sglang:
+        elif self.sglang and not self.prealloc:
             if not self.batch_is_full:  # SGLang tries an admission round at the next step
                 self._cut_segment(now)
         elif self._can_admit_head(now):
@@ -402,6 +406,10 @@ class EngineInstance:
     def _can_admit_head(self, now: float) -> bool:
         if not self.queue or len(self.running) + len(self.prefilling) >= self.max_running:
             return False
+        if self.prealloc:  # on the cache as the segment started: a step later it has less room, never more
+            head = self.queue.peek_request(now)
+            return not self.retracted and self.admission.open_round(self._prealloc_state()).admit(
+                self._kv_request(head, head.num_generated_tokens, extend=head.input_len))
         if self.vllm:  # the blocks left at the next boundary once the running requests allocated theirs
             steps = self.steps_done + min(self._steps_to_next_boundary(now), self.segment_steps)
             free = self.usable_blocks - sum(self.vllm.blocks_for(r.input_len + 1 + steps - r.join_step)
@@ -437,6 +445,9 @@ class EngineInstance:
         self._start_segment(now)
 
     def _admit(self, now: float) -> None:
+        if self.prealloc:
+            self._prealloc_round(now)
+            return
         if self.sglang:
             self._sglang_round(now)
             return
@@ -490,6 +501,48 @@ class EngineInstance:
             if round_.exhausted:  # nothing left: the round ends, the batch is full
                 self.batch_is_full = True
                 return
+
+    def _prealloc_state(self) -> CacheState:
+        """The cache as SGLang's decode instance sees it."""
+        return CacheState(self.capacity - self._kv_in_use(), [self._running_kv_request(r) for r in self.running.values()])
+
+    def _prealloc_round(self, now: float) -> None:
+        """A disaggregated decode instance's iteration (SGLang's ``process_decode_queue``): the retracted requests
+        resume first, in the order retracted, and while one waits no transferred prompt is admitted; then the
+        transferred prompts in queue order, until the first that does not fit (``pop_preallocated``)."""
+        resumed: List[KVRequest] = []
+        if self.retracted:
+            state = self._prealloc_state()
+            round_ = self.admission.open_resume_round(state)
+            while self.retracted and len(self.running) < self.max_running:
+                request = self.retracted[0]
+                # it restores its prompt and output but the last token
+                kv = self._kv_request(request, request.num_generated_tokens,
+                                      extend=request.input_len + request.num_generated_tokens - 1)
+                if not round_.admit(kv):
+                    break
+                self.retracted.popleft()
+                resumed.append(kv)
+                self._resume(now, request)
+            if self.retracted:
+                return
+            # the resumed requests join the batch at the next step: active here, not running
+            state = CacheState(self.capacity - self._kv_in_use(), state.running, resumed)
+        else:
+            state = self._prealloc_state()
+        round_ = self.admission.open_round(state)
+        while self.queue and len(self.running) < self.max_running:
+            head = self.queue.peek_request(now)
+            if not round_.admit(self._kv_request(head, head.num_generated_tokens, extend=head.input_len)):
+                return
+            self._take_head(now, 0)
+
+    def _resume(self, now: float, request: SimRequest) -> None:
+        """A retracted request's KV comes back from its backup (no recomputation) and it decodes again."""
+        request.queue_delay += now - request.enqueue_time
+        request.decode_queue_delay += now - request.enqueue_time
+        request.reservation = 0
+        self._start_decoding(now, request)
 
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
@@ -566,7 +619,9 @@ class EngineInstance:
     def _requeue(self, now: float, request: SimRequest) -> None:
         """A retracted request waits again: vLLM puts it at the front of the queue, the others by the queue's rule."""
         request.enqueue_time = now
-        if self.vllm:
+        if self.prealloc:
+            self.retracted.append(request)
+        elif self.vllm:
             self.queue.prepend_request(request)
         else:
             self.queue.add_request(request)
