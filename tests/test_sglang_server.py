@@ -248,3 +248,13 @@ class TestKVAdmissionOfNewRequests:
         upper = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-q90")), outlets + ["0.9"],
                                            custom)
         assert upper <= 2 < median == 4, (upper, median)
+
+    def test_a_request_being_admitted_is_gated_by_the_predicted_peak(self, chat_target, tmp_path_factory):
+        """``--outlets-kv-margin peak``: nothing charged ahead, the predicted future peak is the gate. Predicted to
+        end at 5 tokens, the four fit together; predicted to run to 390 of their 400, two would peak above the
+        700-token cache, so they are admitted one at a time (charged nothing ahead without the gate: all four)."""
+        outlets = ["--schedule-policy", "outlets", "--outlets-kv-margin", "peak"]
+        short = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-peak-short")), outlets)
+        long = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-peak-long")), outlets,
+                                          {"outlets_predicted_output_len": 390})
+        assert long == 1 < short == 4, (long, short)
