@@ -56,6 +56,7 @@ def log_run(args, job_type: str, output_dir: str, config: Dict[str, Any], tables
         run.log(logged)
     finally:
         run.finish()
+        wandb.teardown()  # wait for wandb's service to write the run out: the command's files are complete when it returns
     print(f"wandb: logged {', '.join(logged)} to project {args.wandb_project} ({job_type})")
 
 
