@@ -20,12 +20,13 @@ the work tree: checkpoints are large and must outlive a fresh checkout.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from sharegpt_outlets import DRAFTS, PACKED, RECIPE
 
@@ -58,11 +59,22 @@ def read_curves(args: argparse.Namespace) -> Dict[str, Any]:
         return json.load(handle)
 
 
-def write_curves(args: argparse.Namespace, curves: Dict[str, Any]) -> None:
+def write_entry(args: argparse.Namespace, name: str, entry: Dict[str, Any]) -> None:
+    """Store one run's entry; the drafts train side by side, so each writes only its own, under a lock."""
     os.makedirs(args.report, exist_ok=True)
-    write_text_atomic(os.path.join(args.report, "curves.json"), json.dumps(curves, indent=2))
-    plot_curves({name: entry["points"] for name, entry in curves["drafts"].items()},
-                os.path.join(args.report, "curves.png"))
+    with open(os.path.join(paths(args.run)["base"], "curves.lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        curves = read_curves(args)
+        curves["budget"] = args.budget
+        curves["drafts"][name] = entry
+        write_text_atomic(os.path.join(args.report, "curves.json"), json.dumps(curves, indent=2))
+        plot_curves({run: value["points"] for run, value in curves["drafts"].items()},
+                    os.path.join(args.report, "curves.png"))
+
+
+def run_name(draft: str, torch_dtype: Optional[str]) -> str:
+    """A draft's run, or its twin in another dtype (``outlets-float32``: bf16's effect at equal steps)."""
+    return draft if torch_dtype is None else f"{draft}-{torch_dtype}"
 
 
 def split(args: argparse.Namespace) -> None:
@@ -73,34 +85,35 @@ def split(args: argparse.Namespace) -> None:
     print(f"validation split: {where['fit']} and {where['val']}")
 
 
-def train_dir(args: argparse.Namespace, draft: str) -> str:
-    return os.path.join(paths(args.run)["base"], f"train-{draft}")
+def train_dir(args: argparse.Namespace, name: str) -> str:
+    return os.path.join(paths(args.run)["base"], f"train-{name}")
 
 
-def train_argv(args: argparse.Namespace, draft: str) -> List[str]:
-    out = train_dir(args, draft)
+def train_argv(args: argparse.Namespace, name: str) -> List[str]:
+    out = train_dir(args, name)
+    dtype = [f"model.torch_dtype={args.torch_dtype}"] if args.torch_dtype else []
     return [sys.executable, "-m", "specforge_outlets.cli", "train", "--config", RECIPE,
             f"model.target_model_path={args.target}", f"data.hidden_states_path={paths(args.run)['fit']}",
             f"data.max_length={args.max_length}", "training.num_epochs=1000", f"training.max_steps={args.budget}",
             f"training.save_interval={args.first_step}", f"output_dir={out}", f"tracking.wandb_dir={out}",
-            f"run_id={draft}", *METHOD, *DRAFTS[draft], *resume_overrides(out, draft)]  # fmt: skip
+            f"run_id={name}", *METHOD, *DRAFTS[args.draft], *dtype, *resume_overrides(out, name)]  # fmt: skip
 
 
 def train(args: argparse.Namespace) -> None:
-    """Train ``--draft`` until the stopping rule or the budget; a rerun resumes."""
-    curves = read_curves(args)
-    entry = curves["drafts"].setdefault(args.draft, {"points": [], "stopped": None})
+    """Train ``--draft`` until the stopping rule, ``--until-step`` or the budget; a rerun resumes."""
+    name = run_name(args.draft, args.torch_dtype)
+    entry = read_curves(args)["drafts"].get(name, {"points": [], "stopped": None})
     if entry["stopped"]:
-        print(f"{args.draft}: stopped ({entry['stopped']})")
+        print(f"{name}: stopped ({entry['stopped']})")
         return
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "WANDB_MODE": "offline"}
-    process = subprocess.Popen(train_argv(args, args.draft), env=env)
+    process = subprocess.Popen(train_argv(args, name), env=env)
     try:
         while process.poll() is None:
             time.sleep(POLL_S)
-            if evaluate_new(args, args.draft):
-                print(f"{args.draft}: {read_curves(args)['drafts'][args.draft]['stopped']}; stopping the run")
+            if evaluate_new(args, name, args.draft):
+                print(f"{name}: {read_curves(args)['drafts'][name]['stopped']}; stopping the run")
                 process.terminate()
                 process.wait()
                 return
@@ -109,16 +122,15 @@ def train(args: argparse.Namespace) -> None:
             process.terminate()
     if process.returncode != 0:
         raise SystemExit(f"outlets train exited with {process.returncode}; rerun to resume from the last checkpoint")
-    evaluate_new(args, args.draft)
-    curves = read_curves(args)
-    entry = curves["drafts"][args.draft]
+    evaluate_new(args, name, args.draft)
+    entry = read_curves(args)["drafts"][name]
     if not entry["stopped"]:
         entry["stopped"] = f"budget of {args.budget} steps reached"
-        write_curves(args, curves)
+        write_entry(args, name, entry)
 
 
-def evaluate_new(args: argparse.Namespace, draft: str) -> bool:
-    """Evaluate the draft's doubling checkpoints that have no point yet; True once it should stop."""
+def evaluate_new(args: argparse.Namespace, name: str, draft: str) -> bool:
+    """Evaluate run ``name``'s doubling checkpoints that have no point yet; True once it should stop."""
     import torch
 
     from specforge_outlets.evaluation.drafting import drafting_metrics, load_target_head
@@ -129,18 +141,16 @@ def evaluate_new(args: argparse.Namespace, draft: str) -> bool:
     from specforge_outlets.training.export_command import export_draft
 
     torch.set_num_threads(args.threads)
-    curves = read_curves(args)
-    curves["budget"] = args.budget
-    entry = curves["drafts"].setdefault(draft, {"points": [], "stopped": None})
+    entry = read_curves(args)["drafts"].get(name, {"points": [], "stopped": None})
     done = {point["step"] for point in entry["points"]}
     wanted = doubling_steps(args.budget, args.first_step)
-    found = complete_checkpoints(train_dir(args, draft), draft)
+    found = complete_checkpoints(train_dir(args, name), name)
     target = resolve_target(args.target)
     validation = load_split(paths(args.run)["val"], name="validation")
     for step in [s for s in wanted if s in found and s not in done]:
-        export = os.path.join(paths(args.run)["base"], "exports", f"{draft}-step{step}")
+        export = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{step}")
         if not os.path.exists(os.path.join(export, "config.json")):
-            export_draft(found[step], export, os.path.join(train_dir(args, draft), "draft_config.json"))
+            export_draft(found[step], export, os.path.join(train_dir(args, name), "draft_config.json"))
         model = load_draft(export, target)
         context = EvalContext(target_path=target, progress=False)
         predictions = OutletsPredictor(context, model, export).predict(validation.with_censored())
@@ -148,16 +158,20 @@ def evaluate_new(args: argparse.Namespace, draft: str) -> bool:
         entry["points"].append(checkpoint_point(step, validation, predictions, drafting, one_sided=True))
         entry["points"].sort(key=lambda point: point["step"])
         entry["stopped"] = entry["stopped"] or stop_reason(entry["points"], draft)
-        write_curves(args, curves)
+        if args.until_step and step >= args.until_step:
+            entry["stopped"] = entry["stopped"] or f"stopped at step {step} (--until-step)"
+        write_entry(args, name, entry)
         print(json.dumps(entry["points"][-1]))
-    prune_checkpoints(train_dir(args, draft), draft, keep=wanted)
+    prune_checkpoints(train_dir(args, name), name, keep=wanted)
     return bool(entry["stopped"])
 
 
 def curve(args: argparse.Namespace) -> None:
     for draft in DRAFTS:
-        if os.path.isdir(train_dir(args, draft)):
-            evaluate_new(args, draft)
+        for torch_dtype in (None, "float32", "bfloat16"):
+            name = run_name(draft, torch_dtype)
+            if os.path.isdir(train_dir(args, name)):
+                evaluate_new(args, name, draft)
 
 
 def main() -> int:
@@ -174,6 +188,10 @@ def main() -> int:
     sub.add_parser("split")
     trainer = sub.add_parser("train")
     trainer.add_argument("--draft", choices=list(DRAFTS), required=True)
+    trainer.add_argument("--torch-dtype", choices=("float32", "bfloat16"),
+                         help="a twin run in this dtype instead of the recipe's (its own name and curve)")
+    trainer.add_argument("--until-step", type=int,
+                         help="stop once the checkpoint at this step is evaluated (the schedule stays --budget's)")
     sub.add_parser("curve")
     args = parser.parse_args()
     {"split": split, "train": train, "curve": curve}[args.command](args)
