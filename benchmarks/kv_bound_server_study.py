@@ -27,12 +27,12 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   instead, and SGLang retracts when the cache overflows.
 - **Servers**: ``fcfs`` (twice: the second, an A/A control, measures the spread between sessions of
   one policy), ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
-  ``tail-safe`` (the default) and ``sjf``, each with SGLang's own KV charge (``--outlets-kv-margin off``)
-  and with KV admission by prediction (``--outlets-kv-margin 0.2``, the plugin's default). Issue 27's
-  two read each request's predicted quantiles (``--outlets-quantile-levels``, the distribution
+  ``tail-safe`` (the default) and ``sjf``, each with SGLang's own KV charge (``--outlets-kv-admission sglang``)
+  and with KV admission by prediction (``--outlets-kv-admission predicted --outlets-kv-margin 0.2``, the
+  plugin's default). Two more read each request's predicted quantiles (``--outlets-quantile-levels``, the distribution
   record's): ``sjf`` ordered by the Gittins rank (``--outlets-order-key gittins``) with KV admission
   by prediction, and ``tail-safe`` with KV admission charging the remaining length's median
-  (``--outlets-kv-quantile 0.5``). Every outlets server names its admission on its command line, so a
+  (``--outlets-kv-admission quantile --outlets-kv-quantile 0.5``). Every outlets server names its admission on its command line, so a
   change of the plugin's default cannot relabel a row.
 - **Predictions** sent with each request (``custom_params``, what a router or prefill instance
   would send): none (the prior), the best static baseline (``bert``), OUTLETS r̂₀ (both from
@@ -96,8 +96,8 @@ END_TOKEN_ID = 2  # SmolLM2's <|im_end|>, where an assistant turn ends (its gene
 SHORT_THRESHOLD = 800  # short requests: fewer output tokens; also the tail-safe long class
 KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
-SGLANG_KV_CHARGE = ["--outlets-kv-margin", "off"]  # named, not left to the plugin's default
-KV_BY_PREDICTION = ["--outlets-kv-margin", KV_MARGIN]
+SGLANG_KV_CHARGE = ["--outlets-kv-admission", "sglang"]  # named, not left to the plugin's default
+KV_BY_PREDICTION = ["--outlets-kv-admission", "predicted", "--outlets-kv-margin", KV_MARGIN]
 # issue 27's committed distribution record (benchmarks/length_distribution.py): the detached quantile draft's
 # point and total-length quantiles per test request, raw and conformally corrected
 DISTRIBUTION_RECORD = os.path.join(LABEL_SET, "eval", "distribution", "detached-predictions.jsonl.gz")
@@ -119,9 +119,9 @@ SERVERS: Dict[str, List[str]] = {
     # (the plugin takes --outlets-order-key with sjf only); admission stays by the point's margin.
     "outlets gittins + KV by prediction": (OUTLETS + ["--outlets-order", "sjf", "--outlets-order-key", "gittins"]
                                            + KV_BY_PREDICTION + READS_QUANTILES),
-    # admission charges the remaining length's median instead of the margin; the margin flag still names
-    # admission by prediction on (left out it is the plugin's default; off refuses a quantile)
-    "outlets tail-safe + KV at q0.5": OUTLETS + KV_BY_PREDICTION + ["--outlets-kv-quantile", "0.5"] + READS_QUANTILES,
+    # admission charges the remaining length's median instead of the margin
+    "outlets tail-safe + KV at q0.5": (OUTLETS + ["--outlets-kv-admission", "quantile", "--outlets-kv-quantile", "0.5"]
+                                       + READS_QUANTILES),
 }
 # flags every server gets: a small KV cache, no prefix reuse, the client's end-at-length processor
 SERVER_ARGS = ["--max-running-requests", "64", "--disable-radix-cache", "--enable-custom-logit-processor",

@@ -54,7 +54,8 @@ DECODE_INSTANCES = 2
 CLUSTERS: Dict[str, tuple] = {
     "fcfs + round robin": (["--schedule-policy", "fcfs"], "round_robin", ("none",)),
     "outlets default + power_of_two": (["--schedule-policy", "outlets", "--outlets-long-output-len",
-                                        str(SHORT_THRESHOLD), "--outlets-kv-margin", "0.2"], "power_of_two",
+                                        str(SHORT_THRESHOLD), "--outlets-kv-admission", "predicted",
+                                        "--outlets-kv-margin", "0.2"], "power_of_two",
                                        ("none", "outlets", "oracle")),
 }
 

@@ -122,7 +122,7 @@ def ratios(metrics: Dict, fcfs: Dict) -> Dict[str, float]:
 def sweep(num_requests: int, predictions_path: Optional[str], kv_admission: KVAdmission,
           kv_margin: float = DEFAULT_KV_MARGIN, progress=print) -> List[Dict]:
     baseline_cluster = load_cluster_config(CLUSTER)  # FCFS, reserving max_new_tokens: the baseline
-    cluster = dataclasses.replace(baseline_cluster, kv_admission=kv_admission, kv_prediction_margin=kv_margin)
+    cluster = dataclasses.replace(baseline_cluster, kv_admission=kv_admission, kv_margin=kv_margin)
     qualities = dict(NOISE, **({"outlets-measured": None} if predictions_path else {}))
     rows = []
     for workload, trace in workloads(num_requests).items():

@@ -1,8 +1,9 @@
-"""KV admission by prediction (``--outlets-kv-margin``): a request holds its predicted remaining output of KV cache.
+"""KV admission by prediction (``--outlets-kv-admission``): a request holds its predicted remaining output of KV cache.
 
 SGLang charges a request it admits its whole remaining ``max_new_tokens`` of output KV, and a running
 request ``new_token_ratio`` of it, when it decides whether new requests fit. With a prediction the
-plugin charges the predicted remaining length plus a margin instead
+plugin (``--outlets-kv-admission predicted``, its default) charges the predicted remaining length plus
+``--outlets-kv-margin`` of it instead
 (``specforge_outlets.scheduling.PredictedChargeAdmission``: the charge is written once, in the
 scheduling core, which the simulator runs too), at most what SGLang would charge:
 
@@ -11,12 +12,12 @@ scheduling core, which the simulator runs too), at most what SGLang would charge
   request asks for its predicted budget as ``max_new_tokens``, so SGLang's own admission arithmetic
   charges the budget; the request's real ``max_new_tokens`` is back before anything else reads it.
 
-With ``--outlets-kv-quantile Q`` the charge is instead the Q-quantile of the predicted remaining length
-(``specforge_outlets.scheduling.QuantileChargeAdmission`` on the request's distribution): its
+With ``--outlets-kv-admission quantile`` the charge is instead the ``--outlets-kv-quantile`` quantile of the
+predicted remaining length (``specforge_outlets.scheduling.QuantileChargeAdmission`` on the request's distribution): its
 quantiles when it has them, else a point mass at its prediction, which charges the predicted
 remaining without a margin (as the simulator's ``kv_admission: quantile``).
 
-With ``--outlets-kv-margin peak`` (``specforge_outlets.scheduling.PeakAdmission``) nothing is charged
+With ``--outlets-kv-admission peak`` (``specforge_outlets.scheduling.PeakAdmission``) nothing is charged
 ahead (both hooks charge 0 output tokens, so SGLang's arithmetic checks only that the prompt fits now)
 and ``add_one_req`` first refuses a request (``NO_TOKEN``) when the predicted future peak of the KV
 cache with it, the running requests and those admitted earlier in the round would exceed what the
@@ -37,9 +38,9 @@ from typing import Optional
 from sglang_patches import predictions as P
 from sglang_patches import state
 from specforge_outlets.scheduling import (
-    DEFAULT_KV_QUANTILE,
     Admission,
     CacheState,
+    KVAdmission,
     KVRequest,
     OutputLengthHistory,
     PeakAdmission,
@@ -58,10 +59,9 @@ HISTORY = OutputLengthHistory()
 def admission() -> Optional[Admission]:
     """The scheduling core's strategy for the rule the settings ask for, None for SGLang's own estimate."""
     current = state.settings()
-    if current.kv_admission is None or not state.schedule_policy_is_outlets():
+    if current.kv_admission is KVAdmission.SGLANG or not state.schedule_policy_is_outlets():
         return None
-    level = DEFAULT_KV_QUANTILE if current.kv_quantile is None else current.kv_quantile
-    return create_admission(current.kv_admission, current.scheduling, current.kv_margin or 0.0, level,
+    return create_admission(current.kv_admission, current.scheduling, current.kv_margin, current.kv_quantile,
                             history=HISTORY)
 
 

@@ -20,6 +20,7 @@ from specforge_outlets.model.fusion import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
     DEFAULT_KV_MARGIN,
+    DEFAULT_KV_QUANTILE,
     PEAK_ADMISSIONS,
     KVAdmission,
     DEFAULT_LONG_HOLDBACK,
@@ -44,19 +45,22 @@ ENV_AGING = "OUTLETS_AGING_TOKENS_PER_S"
 ENV_ORDER = "OUTLETS_ORDER"
 ENV_LONG_OUTPUT_LEN = "OUTLETS_LONG_OUTPUT_LEN"
 ENV_LONG_HOLDBACK = "OUTLETS_LONG_HOLDBACK"
+ENV_KV_ADMISSION = "OUTLETS_KV_ADMISSION"
 ENV_KV_MARGIN = "OUTLETS_KV_MARGIN"
-# --outlets-kv-margin value that leaves KV admission to SGLang's own estimate
-KV_ADMISSION_OFF = "off"
-# --outlets-kv-margin values that admit by the KV cache's future peak instead of a charge (issue 35)
-KV_PEAK_RULES = {rule.value: rule for rule in PEAK_ADMISSIONS}
 ENV_MAX_RETRACTIONS = "OUTLETS_MAX_RETRACTIONS"
 ENV_DRAFT = "OUTLETS_DRAFT_PATH"
-# Predicted length distributions (issue 27): what the SJF order reads, the tail-safe class, KV admission by a quantile,
+# Predicted length distributions: what the SJF order reads, the tail-safe class, KV admission by a quantile,
 # and the levels of every request's quantiles
 ENV_ORDER_KEY = "OUTLETS_ORDER_KEY"
 ENV_LONG_CLASS_QUANTILE = "OUTLETS_LONG_CLASS_QUANTILE"
 ENV_KV_QUANTILE = "OUTLETS_KV_QUANTILE"
 ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
+
+# KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values; sglang: SGLang's own
+# estimate, the plugin's KV admission off), the default first, and the setting each one reads beside the rule
+KV_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE) + PEAK_ADMISSIONS + (KVAdmission.SGLANG,)
+KV_MARGIN_READERS = (KVAdmission.PREDICTED,)
+KV_QUANTILE_READERS = (KVAdmission.QUANTILE, KVAdmission.PEAK)
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
 # length class's P99 several times worse than FCFS under overload (docs/serving.md).
@@ -94,14 +98,19 @@ FLAGS = (
     ("--outlets-long-holdback", "outlets_long_holdback", ENV_LONG_HOLDBACK, float,
      f"OUTLETS tail-safe: a predicted-long request that waited W s yields to short ones that arrived within "
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
-    ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, str,
-     "OUTLETS: KV admission by prediction. A request with a prediction is charged its predicted remaining "
-     "length x (1 + this margin) of output KV, at most SGLang's own cap, instead of its remaining max_new_tokens "
-     f"(new_token_ratio of it once running). Default {DEFAULT_KV_MARGIN:g}; off: SGLang's estimate. "
-     f"{KVAdmission.PEAK.value}: admit a request only while the predicted future peak of the KV cache with it fits "
-     "(each request grows to its predicted end, then frees its KV; one that outlived its prediction is predicted "
-     f"again from the output lengths seen); {KVAdmission.PAST_FUTURE.value}: the same peak from the output lengths "
-     "seen only, no prediction (LightLLM's past-future scheduler)."),
+    ("--outlets-kv-admission", "outlets_kv_admission", ENV_KV_ADMISSION, str,
+     f"OUTLETS: how the KV cache admits a waiting request, one of {', '.join(rule.value for rule in KV_ADMISSIONS)} "
+     f"(default {KV_ADMISSIONS[0].value}). {KVAdmission.PREDICTED.value}: a request with a prediction is charged its "
+     "predicted remaining length x (1 + --outlets-kv-margin) of output KV, at most SGLang's own cap, instead of its "
+     f"remaining max_new_tokens (new_token_ratio of it once running); {KVAdmission.QUANTILE.value}: the "
+     f"--outlets-kv-quantile quantile of its predicted remaining length instead; {KVAdmission.PEAK.value}: admit a "
+     "request only while the predicted future peak of the KV cache with it fits (each request grows to its predicted "
+     "end, then frees its KV; one that outlived its prediction is predicted again from the output lengths seen); "
+     f"{KVAdmission.PAST_FUTURE.value}: the same peak from the output lengths seen only, no prediction (LightLLM's "
+     f"past-future scheduler); {KVAdmission.SGLANG.value}: SGLang's own estimate."),
+    ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
+     f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value}: the share of the predicted remaining length "
+     f"charged on top of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
      f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
@@ -116,10 +125,9 @@ FLAGS = (
      "OUTLETS tail-safe: a request is in the long class when this quantile of its predicted remaining length "
      "reaches --outlets-long-output-len (default: its point prediction). A level strictly between 0 and 1."),
     ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
-     "OUTLETS: KV admission by prediction charges this quantile of the predicted remaining length instead of "
-     "predicted x (1 + --outlets-kv-margin); a request without quantiles is charged its point prediction "
-     f"(default: unset, the margin). With --outlets-kv-margin {KVAdmission.PEAK.value}: the quantile each request's "
-     "end is read at (default 0.9). A level strictly between 0 and 1."),
+     f"OUTLETS --outlets-kv-admission {KVAdmission.QUANTILE.value}: the quantile of the predicted remaining length "
+     f"charged (a request without quantiles is charged its point prediction); {KVAdmission.PEAK.value}: the quantile "
+     f"each request's end is read at. Default {DEFAULT_KV_QUANTILE:g}; a level strictly between 0 and 1."),
     ("--outlets-quantile-levels", "outlets_quantile_levels", ENV_QUANTILE_LEVELS, str,
      f"OUTLETS: levels of the predicted quantiles, comma-separated (default: the OUTLETS draft's quantile_levels "
      f"when it has a quantile head, else {','.join(f'{level:g}' for level in DEFAULT_QUANTILE_LEVELS)}); a client's "
@@ -136,11 +144,12 @@ class PluginSettings:
     scheduling: SchedulingConfig
     order: QueuePolicy
     draft_path: Optional[str]
-    kv_margin: Optional[float] = DEFAULT_KV_MARGIN  # None: no charge by prediction
-    # KV admission by this quantile of the predicted remaining length instead of the margin (None: the margin)
-    kv_quantile: Optional[float] = None
-    # the KV admission rule (scheduling.KVAdmission) those select; None: SGLang's own estimate
-    kv_admission: Optional[KVAdmission] = KVAdmission.PREDICTED
+    # the KV admission rule, the share charged on top of a prediction (predicted) and the quantile of the
+    # predicted remaining length charged (quantile) or read as a request's end (peak): the simulator's
+    # ClusterConfig fields of the same names
+    kv_admission: KVAdmission = KV_ADMISSIONS[0]
+    kv_margin: float = DEFAULT_KV_MARGIN
+    kv_quantile: float = DEFAULT_KV_QUANTILE
 
 
 def _env_number(env: Mapping[str, str], name: str, default, kind=float):
@@ -176,20 +185,7 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         raise OutletsSettingsError(
             f"{ENV_LONG_CLASS_QUANTILE} (--outlets-long-class-quantile) sets the tail-safe order's long class, but the "
             f"order is {order.value}: leave it out, or use --outlets-order {QueuePolicy.TAIL_SAFE.value}")
-    kv_rule = (env.get(ENV_KV_MARGIN) or "").strip()
-    kv_peak = KV_PEAK_RULES.get(kv_rule.lower())
-    kv_margin = None if kv_peak else _kv_margin(kv_rule)
-    kv_quantile = _env_level(env, ENV_KV_QUANTILE, "--outlets-kv-quantile")
-    if kv_quantile is not None and kv_peak is not KVAdmission.PEAK and kv_margin is None:
-        raise OutletsSettingsError(
-            f"{ENV_KV_QUANTILE} (--outlets-kv-quantile) sets KV admission by prediction, which "
-            f"{ENV_KV_MARGIN} (--outlets-kv-margin)={kv_rule} does not read: leave one of them out")
-    if kv_peak:
-        kv_admission = kv_peak
-    elif kv_margin is None:
-        kv_admission = None
-    else:
-        kv_admission = KVAdmission.PREDICTED if kv_quantile is None else KVAdmission.QUANTILE
+    kv_admission, kv_margin, kv_quantile = _kv_settings(env)
     draft = env.get(ENV_DRAFT) or None
     levels = quantile_levels(env.get(ENV_QUANTILE_LEVELS) or "", draft_quantile_levels(draft) if draft else None,
                              f"--outlets-draft-path {draft}")
@@ -206,8 +202,8 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None
-    return PluginSettings(scheduling=config, order=order, draft_path=draft, kv_margin=kv_margin,
-                          kv_quantile=kv_quantile, kv_admission=kv_admission)
+    return PluginSettings(scheduling=config, order=order, draft_path=draft, kv_admission=kv_admission,
+                          kv_margin=kv_margin, kv_quantile=kv_quantile)
 
 
 def _env_level(env: Mapping[str, str], name: str, flag: str) -> Optional[float]:
@@ -269,21 +265,27 @@ def draft_quantile_levels(path: Optional[str]) -> Optional[Tuple[float, ...]]:
         return None
 
 
-def _kv_margin(raw: str) -> Optional[float]:
-    """--outlets-kv-margin: unset is the default margin, ``off`` SGLang's own estimate (None)."""
-    raw = raw.strip()
-    if raw.lower() == KV_ADMISSION_OFF:
-        return None
-    if not raw:
-        return DEFAULT_KV_MARGIN
-    try:
-        margin = float(raw)
-    except ValueError:
-        margin = math.nan
-    if not (margin >= 0 and math.isfinite(margin)):
-        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={raw!r}: give a number >= 0, "
-                                   f"{' or '.join(KV_PEAK_RULES)}, or {KV_ADMISSION_OFF} for SGLang's own estimate")
-    return margin
+def _kv_settings(env: Mapping[str, str]) -> Tuple[KVAdmission, float, float]:
+    """--outlets-kv-admission, --outlets-kv-margin and --outlets-kv-quantile; a margin or quantile given to a rule
+    that does not read it is refused rather than ignored."""
+    raw = (env.get(ENV_KV_ADMISSION) or KV_ADMISSIONS[0].value).strip().lower()
+    rules = {rule.value: rule for rule in KV_ADMISSIONS}
+    if raw not in rules:
+        raise OutletsSettingsError(f"{ENV_KV_ADMISSION} (--outlets-kv-admission)={raw!r}: choose one of "
+                                   f"{', '.join(rules)}")
+    rule = rules[raw]
+    kv_margin = _env_number(env, ENV_KV_MARGIN, None)
+    if kv_margin is not None and not (kv_margin >= 0 and math.isfinite(kv_margin)):
+        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={env[ENV_KV_MARGIN]!r}: give a number >= 0")
+    kv_quantile = _env_level(env, ENV_KV_QUANTILE, "--outlets-kv-quantile")
+    for value, name, flag, readers in ((kv_margin, ENV_KV_MARGIN, "--outlets-kv-margin", KV_MARGIN_READERS),
+                                       (kv_quantile, ENV_KV_QUANTILE, "--outlets-kv-quantile", KV_QUANTILE_READERS)):
+        if value is not None and rule not in readers:
+            raise OutletsSettingsError(
+                f"{name} ({flag}) is read by --outlets-kv-admission {' or '.join(r.value for r in readers)}, not by "
+                f"{ENV_KV_ADMISSION}={rule.value}: leave it out or choose one of those")
+    return (rule, DEFAULT_KV_MARGIN if kv_margin is None else kv_margin,
+            DEFAULT_KV_QUANTILE if kv_quantile is None else kv_quantile)
 
 
 def validate_draft_dir(path: str) -> dict:

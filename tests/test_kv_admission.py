@@ -86,8 +86,8 @@ def test_vllm_admits_while_the_blocks_of_the_whole_sequence_or_v013s_first_chunk
 
 def test_the_factory_gives_each_rule_its_strategy():
     assert type(create_admission(KVAdmission.SGLANG, CONFIG)) is SGLangAdmission
-    assert create_admission(KVAdmission.PREDICTED, CONFIG, margin=0.3).margin == 0.3
-    assert create_admission(KVAdmission.QUANTILE, CONFIG, level=0.8).level == 0.8
+    assert create_admission(KVAdmission.PREDICTED, CONFIG, kv_margin=0.3).kv_margin == 0.3
+    assert create_admission(KVAdmission.QUANTILE, CONFIG, kv_quantile=0.8).kv_quantile == 0.8
     assert create_admission(KVAdmission.VLLM_0_13, CONFIG, block_rules=VLLM_0_13).rules is VLLM_0_13
     with pytest.raises(ValueError, match="block rules"):
         create_admission(KVAdmission.VLLM, CONFIG)
@@ -163,6 +163,6 @@ def test_the_peak_admits_while_the_future_peak_with_the_request_fits_the_cache()
 
 def test_past_future_and_peak_come_from_the_factory_with_the_instances_history():
     history = OutputLengthHistory()
-    peak = create_admission(KVAdmission.PEAK, CONFIG, level=0.8, history=history)
-    assert type(peak) is PeakAdmission and peak.level == 0.8 and peak.history is history
+    peak = create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.8, history=history)
+    assert type(peak) is PeakAdmission and peak.kv_quantile == 0.8 and peak.history is history
     assert type(create_admission(KVAdmission.PAST_FUTURE, CONFIG)) is PastFutureAdmission

@@ -279,10 +279,10 @@ def test_admission_order_matches_an_independent_reference(policy):
 # --- KV budget ------------------------------------------------------------------------------------
 def test_predicted_output_budget_is_remaining_plus_margin_capped():
     config = SchedulingConfig(prior_output_len=100)
-    assert predicted_output_budget(300, 100, margin=0.2, cap=1024, config=config) == 240  # 200 left x 1.2
-    assert predicted_output_budget(300, 100, margin=0.2, cap=150, config=config) == 150
-    assert predicted_output_budget(None, 0, margin=0.0, cap=1024, config=config) == 100  # the prior
-    assert predicted_output_budget(10, 50, margin=0.5, cap=1024, config=config) == 2  # past its prediction: 1 left
+    assert predicted_output_budget(300, 100, kv_margin=0.2, cap=1024, config=config) == 240  # 200 left x 1.2
+    assert predicted_output_budget(300, 100, kv_margin=0.2, cap=150, config=config) == 150
+    assert predicted_output_budget(None, 0, kv_margin=0.0, cap=1024, config=config) == 100  # the prior
+    assert predicted_output_budget(10, 50, kv_margin=0.5, cap=1024, config=config) == 2  # past its prediction: 1 left
 
 
 # --- routing --------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from specforge_outlets.simulation.sglang_peers import queue_policy, routing_poli
 
 CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
 MAX_NEW_TOKENS = 600
-KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default) and the simulator's kv_prediction_margin
+KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default) and the simulator's kv_margin
 
 
 @dataclass(frozen=True)
@@ -98,23 +98,22 @@ def sglang_req(held: Held):
 def plugin_kv_admission(monkeypatch):
     """The plugin's KV admission by prediction around SGLang's ``PrefillAdder`` and its retraction order
     around ``ScheduleBatch``, as ``--schedule-policy outlets --outlets-kv-margin KV_MARGIN`` installs them."""
-    yield from plugin_hooks(monkeypatch, str(KV_MARGIN))
+    yield from plugin_hooks(monkeypatch, {"OUTLETS_KV_MARGIN": str(KV_MARGIN)})
 
 
 @pytest.fixture
 def plugin_peak_admission(monkeypatch):
-    """The plugin's KV admission by the predicted future peak (``--outlets-kv-margin peak``)."""
-    yield from plugin_hooks(monkeypatch, "peak")
+    """The plugin's KV admission by the predicted future peak (``--outlets-kv-admission peak``)."""
+    yield from plugin_hooks(monkeypatch, {"OUTLETS_KV_ADMISSION": "peak"})
 
 
-def plugin_hooks(monkeypatch, kv_margin: str):
-    """Install the plugin's two PrefillAdder hooks and its retraction order with ``--outlets-kv-margin kv_margin``."""
+def plugin_hooks(monkeypatch, settings: dict):
+    """Install the plugin's two PrefillAdder hooks and its retraction order with the ``OUTLETS_*`` ``settings``."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang_patches import kv_admission, ordering, state
-    from sglang_patches.settings import ENV_KV_MARGIN
-
-    monkeypatch.setenv(ENV_KV_MARGIN, kv_margin)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
     state.reset_settings()
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     offset, add_one_req = PrefillAdder._get_running_request_total_token_offset, PrefillAdder.add_one_req
@@ -249,7 +248,7 @@ def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optiona
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
                                         "max_new_tokens": MAX_NEW_TOKENS, "chunked_prefill_size": 8192,
                                         "kv_admission": "sglang" if predictions is None else admission,
-                                        "kv_prediction_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
+                                        "kv_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy(queue))
     return Simulation(trace, predictions or [None] * len(trace), cluster, policy, SchedulingConfig()).run()
 
@@ -379,7 +378,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
 
     cluster = cluster_config_from_dict({"mode": mode, "instances": 1, "decode_instances": 1,
                                         "kv_capacity_tokens": capacity, "max_new_tokens": 1, "kv_admission": admission,
-                                        "kv_prediction_margin": KV_MARGIN}, "test")
+                                        "kv_margin": KV_MARGIN}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy(queue)),
                         SchedulingConfig()).engines[0]

@@ -25,7 +25,7 @@ from sglang_patches.client_predictions import assign_external_prediction  # noqa
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
 from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
+    ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
     OutletsSettingsError, read_settings, validate_draft_dir,
 )
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
@@ -544,10 +544,11 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(adder, running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
-    for off in ("off", " OFF "):
-        monkeypatch.setenv(ENV_KV_MARGIN, off)
+    for sglang in ("sglang", " SGLang "):
+        monkeypatch.setenv(ENV_KV_ADMISSION, sglang)
         state.reset_settings()
         assert offset(adder, running(300, 100)) == 450  # SGLang's 0.5 x (1000 - 100)
+    monkeypatch.delenv(ENV_KV_ADMISSION)
     monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
     state.reset_settings()
     assert offset(adder, running(300, 100)) == 300  # (300 - 100) x 1.5
@@ -559,11 +560,21 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
     assert offset(adder, running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
     assert offset(adder, running(300, 100)) == 450
-    for bad in ("-1", "inf", "twenty"):
+    for bad in ("-1", "inf", "twenty", "off"):
         monkeypatch.setenv(ENV_KV_MARGIN, bad)
         state.reset_settings()
-        with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_MARGIN.*or off"):
+        with pytest.raises(OutletsSettingsError, match=f"OUTLETS_KV_MARGIN.*'{bad}'.*(>= 0|is not a number)"):
             read_settings()
+    monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
+    for rule in ("sglang", "peak", "quantile"):  # rules that read no margin refuse one
+        monkeypatch.setenv(ENV_KV_ADMISSION, rule)
+        with pytest.raises(OutletsSettingsError, match=f"OUTLETS_KV_MARGIN \\(--outlets-kv-margin\\) is read by "
+                                                       f"--outlets-kv-admission predicted, not by OUTLETS_KV_ADMISSION={rule}"):
+            read_settings()
+    monkeypatch.setenv(ENV_KV_ADMISSION, "off")
+    with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_ADMISSION \\(--outlets-kv-admission\\)='off': choose "
+                                                   "one of predicted, quantile, peak, past-future, sglang"):
+        read_settings()
 
 
 def test_kv_admission_by_prediction_charges_a_request_being_admitted_its_predicted_remaining(plugins_loaded,

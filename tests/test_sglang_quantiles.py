@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from specforge_outlets.scheduling import (  # noqa: E402
-    DEFAULT_QUANTILE_LEVELS, LengthDistribution, OrderKey, QueuePolicy, SchedulingConfig, admission_order,
+    DEFAULT_QUANTILE_LEVELS, KVAdmission, LengthDistribution, OrderKey, QueuePolicy, SchedulingConfig, admission_order,
     predicted_output_budget, quantile_output_budget,
 )
 from sglang_patches import (  # noqa: E402
@@ -25,7 +25,7 @@ from sglang_patches import (  # noqa: E402
 )
 from sglang_patches.client_predictions import assign_external_prediction  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_DRAFT, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_ORDER, ENV_ORDER_KEY, ENV_QUANTILE_LEVELS,
+    ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_QUANTILE, ENV_LONG_CLASS_QUANTILE, ENV_ORDER, ENV_ORDER_KEY, ENV_QUANTILE_LEVELS,
     QUANTILES_PARAM_KEY, OutletsSettingsError, read_settings,
 )
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
@@ -51,7 +51,8 @@ def test_defaults_are_todays_behaviour():
     current = read_settings({})
     assert current.scheduling == SchedulingConfig()  # point key, no long-class quantile, the default levels
     assert current.scheduling.order_key is OrderKey.POINT and current.scheduling.long_class_quantile is None
-    assert current.kv_quantile is None and current.kv_margin == 0.2 and current.order is QueuePolicy.TAIL_SAFE
+    assert current.kv_admission is KVAdmission.PREDICTED and current.order is QueuePolicy.TAIL_SAFE
+    assert (current.kv_margin, current.kv_quantile) == (0.2, 0.9)
     assert not current.scheduling.uses_distribution
 
 
@@ -59,10 +60,11 @@ def test_cli_carries_the_distribution_flags_to_spawned_processes(plugins_loaded,
     from sglang.srt.server_args import prepare_server_args
 
     prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-order", "sjf",
-                         "--outlets-order-key", "kv-footprint", "--outlets-kv-quantile", "0.8",
+                         "--outlets-order-key", "kv-footprint", "--outlets-kv-admission", "quantile",
+                         "--outlets-kv-quantile", "0.8",
                          "--outlets-quantile-levels", "0.1,0.5,0.9"])
-    assert (os.environ[ENV_ORDER_KEY], os.environ[ENV_KV_QUANTILE], os.environ[ENV_QUANTILE_LEVELS]) == (
-        "kv-footprint", "0.8", "0.1,0.5,0.9")
+    assert (os.environ[ENV_ORDER_KEY], os.environ[ENV_KV_ADMISSION], os.environ[ENV_KV_QUANTILE],
+            os.environ[ENV_QUANTILE_LEVELS]) == ("kv-footprint", "quantile", "0.8", "0.1,0.5,0.9")
     current = read_settings()
     assert current.scheduling.order_key is OrderKey.KV_FOOTPRINT and current.kv_quantile == 0.8
     assert current.scheduling.quantile_levels == (0.1, 0.5, 0.9) and current.order is QueuePolicy.SJF
@@ -80,7 +82,8 @@ def test_cli_carries_the_distribution_flags_to_spawned_processes(plugins_loaded,
     ({ENV_LONG_CLASS_QUANTILE: "high"}, r"--outlets-long-class-quantile\)='high'"),
     ({ENV_ORDER: "sjf", ENV_LONG_CLASS_QUANTILE: "0.9"}, r"--outlets-long-class-quantile\) sets the tail-safe"),
     ({ENV_KV_QUANTILE: "0"}, r"--outlets-kv-quantile\)='0': give a level strictly between 0 and 1"),
-    ({ENV_KV_QUANTILE: "0.9", ENV_KV_MARGIN: "off"}, r"--outlets-kv-quantile\) sets KV admission by prediction.*off"),
+    ({ENV_KV_QUANTILE: "0.9"}, r"--outlets-kv-quantile\) is read by --outlets-kv-admission quantile or peak, not by "
+                               r"OUTLETS_KV_ADMISSION=predicted"),
     ({ENV_QUANTILE_LEVELS: "0.5,0.1"}, r"--outlets-quantile-levels\)='0.5,0.1': levels must be strictly increasing"),
     ({ENV_QUANTILE_LEVELS: "0.1,1.2"}, r"--outlets-quantile-levels\)='0.1,1.2': levels must be .*between 0 and 1"),
     ({ENV_QUANTILE_LEVELS: "low,high"}, r"--outlets-quantile-levels\)='low,high': not a comma-separated list"),
@@ -351,12 +354,12 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
     config = state.settings().scheduling
     margin_charge = predicted_output_budget(300.0, 100, 0.2, 3900, config)
     assert offset(adder, running) == offset(adder, point) == margin_charge == 240  # today: (300 - 100) x 1.2
-    use_env(monkeypatch, **{ENV_KV_QUANTILE: "0.9"})
+    use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.9"})
     expected = quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.9, 3900)
     assert offset(adder, running) == expected and expected > 600  # the wide distribution's upper tail
     assert offset(adder, point) == 200  # no quantiles: a point mass, its remaining without a margin
     assert offset(adder, request("unknown", None, generated=100)) == 0.5 * 3900  # no prediction: SGLang's
-    use_env(monkeypatch, **{ENV_KV_QUANTILE: "0.5"})
+    use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.5"})
     assert offset(adder, running) == quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.5, 3900)
     capped = request("capped", 300.0, wide, generated=100)
     capped.sampling_params.max_new_tokens = 150

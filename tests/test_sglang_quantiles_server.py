@@ -3,7 +3,7 @@
 One predictor-only server whose `outlets export` has a quantile head at levels 0.1, 0.5, 0.9 (not the
 default levels, so that the test sees the draft's levels in use), ordering by the Gittins rank
 (``--outlets-order sjf --outlets-order-key gittins``, no aging) and admitting by the 0.9 quantile
-(``--outlets-kv-quantile 0.9``):
+(``--outlets-kv-admission quantile --outlets-kv-quantile 0.9``):
 
 - (a) the draft's quantiles come back in ``meta_info.predicted_output_quantiles``: finite,
   non-decreasing, equal to the export's offline quantiles (training environment, SpecForge);
@@ -54,7 +54,8 @@ def server(chat_target, quantile_export, tmp_path_factory):
                           ["--schedule-policy", "outlets", "--outlets-draft-path", quantile_export,
                            "--disable-radix-cache", "--dtype", "float32", "--max-running-requests", "1",
                            "--outlets-order", "sjf", "--outlets-order-key", "gittins",
-                           "--outlets-aging-tokens-per-s", "0", "--outlets-kv-quantile", "0.9"])
+                           "--outlets-aging-tokens-per-s", "0", "--outlets-kv-admission", "quantile",
+                           "--outlets-kv-quantile", "0.9"])
     yield server
     server.stop()
 
@@ -86,7 +87,7 @@ def test_the_drafts_quantiles_come_back_in_meta_info(server, chat_target, quanti
     assert len({tuple(round(v) for v in quantiles) for _, _, quantiles, _ in served}) == len(served)  # prompt-dependent
     log = server.log_text()
     assert re.search(r"OUTLETS schedule-policy: mode=predictor-only .*order=sjf \(.*order_key=gittins, "
-                     r"quantile_levels=0\.1,0\.5,0\.9\), kv_admission=quantile 0\.9 of the predicted remaining, "
+                     r"quantile_levels=0\.1,0\.5,0\.9\), kv_admission=quantile \(kv_quantile=0\.9\), "
                      r"prior_output_len=256, hooks applied: (\d+)/\1", log), log[-3000:]
 
 

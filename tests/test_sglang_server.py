@@ -91,7 +91,7 @@ class TestOutletsPolicy:
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
         match = re.search(r"OUTLETS schedule-policy: mode=(.*?), order=tail-safe \(long_output_len=600, "
-                          r"long_holdback=1, .*kv_admission=predicted \+0.2, prior_output_len=256, "
+                          r"long_holdback=1, .*kv_admission=predicted \(kv_margin=0.2\), prior_output_len=256, "
                           r"hooks applied: (\d+)/(\d+)", log)
         assert match, log[-3000:]
         assert match.group(1).startswith("external predictions")
@@ -201,7 +201,7 @@ class TestStock:
 
 
 class TestKVAdmissionOfNewRequests:
-    """KV admission by prediction for requests being admitted (``--outlets-kv-margin``), against stock.
+    """KV admission by prediction for requests being admitted (``--outlets-kv-admission``), against stock.
 
     A 700-token KV cache and four requests that may generate up to 400 tokens each, predicted to
     need 5, sent in one batch; each stops at its second token (``stop_token_ids``: the tiny target
@@ -240,9 +240,9 @@ class TestKVAdmissionOfNewRequests:
         assert stock <= 2 < predicted == 4, (stock, predicted)
 
     def test_a_request_being_admitted_is_charged_the_chosen_quantile(self, chat_target, tmp_path_factory):
-        """``--outlets-kv-quantile``: the same requests, charged their median (5) or their q0.9 (390)."""
+        """``--outlets-kv-admission quantile``: the same requests, charged their median (5) or their q0.9 (390)."""
         custom = {"outlets_predicted_quantiles": self.QUANTILES}
-        outlets = ["--schedule-policy", "outlets", "--outlets-kv-margin", "0.2", "--outlets-kv-quantile"]
+        outlets = ["--schedule-policy", "outlets", "--outlets-kv-admission", "quantile", "--outlets-kv-quantile"]
         median = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-q50")), outlets + ["0.5"],
                                             custom)
         upper = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-q90")), outlets + ["0.9"],
@@ -250,10 +250,10 @@ class TestKVAdmissionOfNewRequests:
         assert upper <= 2 < median == 4, (upper, median)
 
     def test_a_request_being_admitted_is_gated_by_the_predicted_peak(self, chat_target, tmp_path_factory):
-        """``--outlets-kv-margin peak``: nothing charged ahead, the predicted future peak is the gate. Predicted to
+        """``--outlets-kv-admission peak``: nothing charged ahead, the predicted future peak is the gate. Predicted to
         end at 5 tokens, the four fit together; predicted to run to 390 of their 400, two would peak above the
         700-token cache, so they are admitted one at a time (charged nothing ahead without the gate: all four)."""
-        outlets = ["--schedule-policy", "outlets", "--outlets-kv-margin", "peak"]
+        outlets = ["--schedule-policy", "outlets", "--outlets-kv-admission", "peak"]
         short = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-peak-short")), outlets)
         long = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-peak-long")), outlets,
                                           {"outlets_predicted_output_len": 390})

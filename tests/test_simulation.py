@@ -153,7 +153,7 @@ def test_a_retracted_request_has_one_gap_from_its_retraction_to_its_resumption(u
     # the timeline of test_underestimated_requests_are_retracted_and_recomputed: B's tokens at 2, 3, 13, 14 s
     trace = make_trace([(0.0, 10, 11), (0.1, 10, 4)])
     cluster = pd_cluster(max_running_requests=8, kv_capacity_tokens=26, kv_admission="predicted",
-                         kv_prediction_margin=0.0)
+                         kv_margin=0.0)
     result = simulate(trace, cluster, predictions=[3.0, 3.0])
     assert result.retractions.tolist() == [0, 1]
     assert gap_multiset(result, 0) == {1.0: 10}
@@ -353,7 +353,7 @@ def test_predicted_admission_runs_requests_together_that_full_reservations_seria
     full = simulate(trace, pd_cluster(max_running_requests=8, kv_capacity_tokens=50, max_new_tokens=20))
     assert full.finish_times.tolist() == pytest.approx([11.0, 14.0])
     predicted = simulate(trace, pd_cluster(max_running_requests=8, kv_capacity_tokens=50, max_new_tokens=20,
-                                           kv_admission="predicted", kv_prediction_margin=0.0))
+                                           kv_admission="predicted", kv_margin=0.0))
     assert predicted.finish_times.tolist() == pytest.approx([11.0, 5.0])
     assert predicted.retractions.tolist() == [0, 0]
 
@@ -365,7 +365,7 @@ def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
     # with a full reservation, recomputed (10 + 2 prompt tokens, one step, 11-12 s) and resumes.
     trace = make_trace([(0.0, 10, 11), (0.1, 10, 4)])
     cluster = pd_cluster(max_running_requests=8, kv_capacity_tokens=26, kv_admission="predicted",
-                         kv_prediction_margin=0.0)
+                         kv_margin=0.0)
     result = simulate(trace, cluster, predictions=[3.0, 3.0])
     assert result.finish_times.tolist() == pytest.approx([11.0, 14.0])
     assert result.retractions.tolist() == [0, 1]
@@ -414,7 +414,7 @@ def test_a_long_prompt_is_prefilled_alone_and_retracted_when_the_next_decode_ste
     # (the fewest output tokens).
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "chunked_prefill_size": 64,
                                         "kv_capacity_tokens": 1108, "max_new_tokens": 1, "predict_at": "arrival",
-                                        "kv_admission": "predicted", "kv_prediction_margin": 0.0}, "test")
+                                        "kv_admission": "predicted", "kv_margin": 0.0}, "test")
     result = simulate(make_trace([(0.0, 100, 500), (3.5, 1000, 10)]), cluster, predictions=[1.0, 1.0])
     assert not overflow_check
     assert np.all(np.isfinite(result.finish_times))
@@ -508,7 +508,7 @@ def test_kv_admission_by_prediction_follows_the_latest_estimate(unit_steps):
     trace = make_trace([(0.0, 10, 20), (3.0, 5, 5)])
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_running_requests": 4,
                                         "chunked_prefill_size": 100, "max_new_tokens": 60, "kv_capacity_tokens": 100,
-                                        "kv_admission": "predicted", "kv_prediction_margin": 0.0}, "test")
+                                        "kv_admission": "predicted", "kv_margin": 0.0}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy("fcfs"))
     a_trajectory = np.concatenate([[50.0], np.arange(20, 0, -1, dtype=float)[1:]])
     b_trajectory = np.arange(5, 0, -1, dtype=float)
@@ -771,7 +771,7 @@ def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
     ("kv_transfer_bandwidth: -1\n", "kv_transfer_bandwidth must be a positive number"),
     ("memory_fraction: 0.1\n", "does not fit on H100-SXM"),
     ("kv_admission: guess\n", "kv_admission must be one of max-new-tokens, predicted"),
-    ("kv_prediction_margin: -0.1\n", "kv_prediction_margin must be a non-negative number"),
+    ("kv_margin: -0.1\n", "kv_margin must be a non-negative number"),
     ("load_poll_interval_s: -1\n", "load_poll_interval_s must be a non-negative number, got -1"),
     ("load_poll_interval_s: often\n", "load_poll_interval_s must be a non-negative number, got 'often'"),
 ])

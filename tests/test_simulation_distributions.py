@@ -64,7 +64,7 @@ def test_quantile_admission_reserves_the_quantile_of_the_remaining_length(unit_s
     assert engine._reservation(sim.requests[0]) == expected and expected > 10 + 1 + 49 * 2  # q0.9 of sigma 0.8
     assert engine._reservation(sim.requests[1]) == 10 + 1 + 49  # no quantiles: a point mass at the point
     assert engine._reservation(sim.requests[2]) == sim.requests[2].full_reservation  # no prediction: in full
-    predicted = simulation(trace, pd_cluster(max_new_tokens=1000, kv_admission="predicted", kv_prediction_margin=0.2),
+    predicted = simulation(trace, pd_cluster(max_new_tokens=1000, kv_admission="predicted", kv_margin=0.2),
                            predictions=[50.0] * 3, quantiles=[wide] * 3)
     predicted.requests[0].reveal_prediction()
     predicted.requests[0].num_generated_tokens = 1
@@ -78,7 +78,7 @@ def test_quantile_admission_avoids_the_retractions_of_an_underestimating_point(u
     runs = {}
     for admission in ("predicted", "quantile"):
         cluster = pd_cluster(max_new_tokens=200, kv_capacity_tokens=600, max_running_requests=64,
-                             kv_admission=admission, kv_prediction_margin=0.0)
+                             kv_admission=admission, kv_margin=0.0)
         runs[admission] = simulation(trace, cluster, predictions=[50.0] * 12, quantiles=[wide] * 12).run()
         assert np.isfinite(runs[admission].finish_times).all()
     assert runs["predicted"].retractions.sum() > 0

@@ -14,7 +14,7 @@ each one's need is below what is left, charging it as it goes. They differ only 
 - SGLang's (``sglang``): a running request ``new_token_ratio`` x its remaining ``max_new_tokens``, a
   request being admitted all of its remaining ``max_new_tokens``;
 - the plugin's charge by prediction (``predicted``, ``quantile``): a predicted request its predicted
-  remaining x (1 + margin), or a quantile of its predicted remaining length, where SGLang charges
+  remaining x (1 + ``kv_margin``), or the ``kv_quantile``-quantile of its predicted remaining length, where SGLang charges
   its ``max_new_tokens``;
 - the predicted future peak (``peak``, :class:`PeakAdmission`): nothing is charged ahead; a waiting
   request is admitted only while the most KV the running requests, those admitted and it will hold
@@ -45,7 +45,12 @@ from enum import Enum
 from typing import Deque, Iterable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, request_distribution
-from specforge_outlets.scheduling.kv_budget import predicted_output_budget, quantile_output_budget
+from specforge_outlets.scheduling.kv_budget import (
+    DEFAULT_KV_MARGIN,
+    DEFAULT_KV_QUANTILE,
+    predicted_output_budget,
+    quantile_output_budget,
+)
 
 # SGLang's CLIP_MAX_NEW_TOKENS (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, schedule_policy.py): the most
 # output tokens its admission counts per request, whatever the request's max_new_tokens.
@@ -63,13 +68,14 @@ HISTORY_WINDOW = 200
 
 
 class KVAdmission(Enum):
-    """How an instance decides that its KV cache takes in a waiting request."""
+    """How an instance decides that its KV cache takes in a waiting request: one name, its values, from the
+    plugin's ``--outlets-kv-admission`` and the simulator's ``kv_admission`` to :func:`create_admission`."""
 
     # prompt + max(max_new_tokens, its output) reserved per request: the cache can never overflow,
     # nothing is retracted (the simulator's reference; no engine admits this way)
     MAX_NEW_TOKENS = "max-new-tokens"
-    # the plugin's --outlets-kv-margin: SGLang's rounds and retraction with a predicted request charged
-    # its predicted remaining x (1 + margin) instead of its share of max_new_tokens
+    # the plugin's default: SGLang's rounds and retraction with a predicted request charged
+    # its predicted remaining x (1 + kv_margin) instead of its share of max_new_tokens
     # (PredictedChargeAdmission); a request not (yet) predicted is charged as SGLang charges it. On the
     # simulator's disaggregated decode instances, whose admission the plugin does not hook: a reservation
     # of prompt + generated + that budget (the full one without a prediction, and after a retraction).
@@ -86,8 +92,8 @@ class KVAdmission(Enum):
     # vLLM v0.13's (the paper's baseline): as vllm, but admitted when its first chunk's blocks are free,
     # in blocks of 16 tokens
     VLLM_0_13 = "vllm-0.13"
-    # the plugin's --outlets-kv-quantile: as predicted, with a quantile of the predicted remaining
-    # length instead of the prediction x (1 + margin) (QuantileChargeAdmission; issue 27); a request
+    # as predicted, with the kv_quantile-quantile of the predicted remaining length instead of the
+    # prediction x (1 + kv_margin) (QuantileChargeAdmission); a request
     # without quantiles (the oracle) is charged its point prediction
     QUANTILE = "quantile"
     # the predicted future peak within the cache (PeakAdmission): each request's predicted end (r̂ₜ
@@ -98,7 +104,7 @@ class KVAdmission(Enum):
     PAST_FUTURE = "past-future"
 
 
-# the plugin's charges by prediction (a margin or a quantile of the predicted remaining length)
+# the plugin's charges by prediction (kv_margin on the prediction, or its kv_quantile-quantile)
 PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
 # admission by the future peak of the cache, with predictions or without
 PEAK_ADMISSIONS = (KVAdmission.PEAK, KVAdmission.PAST_FUTURE)
@@ -218,24 +224,24 @@ def admitted_charge(extend: int, max_new_tokens: int) -> int:
 
 
 class PredictedChargeAdmission(SGLangAdmission):
-    """The plugin's ``--outlets-kv-margin``: a predicted request charged its predicted remaining x (1 + margin)."""
+    """``kv_admission predicted``: a predicted request charged its predicted remaining x (1 + ``kv_margin``)."""
 
-    def __init__(self, margin: float, config: SchedulingConfig) -> None:
-        self.margin, self.config = margin, config
+    def __init__(self, kv_margin: float, config: SchedulingConfig) -> None:
+        self.kv_margin, self.config = kv_margin, config
 
     def output_budget(self, request: KVRequest) -> Optional[int]:
         cap = _budget_cap(request)
         if cap is None:
             return None
-        return predicted_output_budget(request.predicted_output_len, request.generated, self.margin, cap, self.config)
+        return predicted_output_budget(request.predicted_output_len, request.generated, self.kv_margin, cap, self.config)
 
 
 class QuantileChargeAdmission(SGLangAdmission):
-    """The plugin's ``--outlets-kv-quantile``: a predicted request charged a quantile of its remaining length,
+    """``kv_admission quantile``: a predicted request charged the ``kv_quantile``-quantile of its remaining length,
     from its quantiles, else a point mass at its prediction (the predicted remaining, no margin)."""
 
-    def __init__(self, level: float, config: SchedulingConfig) -> None:
-        self.level, self.config = level, config
+    def __init__(self, kv_quantile: float, config: SchedulingConfig) -> None:
+        self.kv_quantile, self.config = kv_quantile, config
 
     def output_budget(self, request: KVRequest) -> Optional[int]:
         cap = _budget_cap(request)
@@ -243,7 +249,7 @@ class QuantileChargeAdmission(SGLangAdmission):
             return None
         distribution = request_distribution(request.predicted_output_len, request.predicted_output_quantiles,
                                             self.config)
-        return quantile_output_budget(distribution, request.generated, self.level, cap)
+        return quantile_output_budget(distribution, request.generated, self.kv_quantile, cap)
 
 
 def _budget_cap(request: KVRequest) -> Optional[int]:
@@ -314,15 +320,15 @@ class PeakAdmission(SGLangAdmission):
     Nothing is charged ahead (SGLang's arithmetic still checks that the prompt fits now). A running
     request holds its KV and grows a token a step for its predicted remaining length; a request being
     admitted holds its prompt (and the output a retracted one recomputes) once prefilled, which
-    samples its next token, and grows for the rest. Each request's end: its quantiles' ``level``-quantile
+    samples its next token, and grows for the rest. Each request's end: its quantiles' ``kv_quantile``-quantile
     of the remaining length given survival (the peak at that risk per request), else its point
     prediction (the latest: r̂ₜ where the draft re-predicts); once it outlived them, or without a
     prediction, the history's expected remaining given survival. With true lengths nothing it admits
     is ever retracted, and a request it refuses would overflow the cache before the running ones end.
     """
 
-    def __init__(self, level: float, config: SchedulingConfig, history: OutputLengthHistory) -> None:
-        self.level, self.config, self.history = level, config, history
+    def __init__(self, kv_quantile: float, config: SchedulingConfig, history: OutputLengthHistory) -> None:
+        self.kv_quantile, self.config, self.history = kv_quantile, config, history
 
     def output_budget(self, request: KVRequest) -> Optional[int]:
         return 0  # charged nothing ahead: the peak is the gate
@@ -336,7 +342,7 @@ class PeakAdmission(SGLangAdmission):
             distribution = request_distribution(request.predicted_output_len, request.predicted_output_quantiles,
                                                 self.config)
             if distribution.atoms[-1] > generated:
-                total = generated + distribution.quantile_remaining(self.level, generated)
+                total = generated + distribution.quantile_remaining(self.kv_quantile, generated)
         elif request.predicted_output_len is not None and request.predicted_output_len > generated:
             total = request.predicted_output_len
         if total is None:  # outlived its prediction, or none: predicted again from what finished
@@ -479,24 +485,25 @@ class BlockRound(AdmissionRound):
         return self.step_tokens <= 0
 
 
-def create_admission(policy: KVAdmission, config: SchedulingConfig, margin: float = 0.0, level: float = 0.5,
-                     block_rules: Optional[BlockRules] = None, watermark_blocks: int = 0,
-                     history: Optional[OutputLengthHistory] = None, decode_only: bool = False) -> Admission:
-    """The strategy of a rule: ``margin`` for ``predicted``, ``level`` for ``quantile`` and ``peak``, the
+def create_admission(kv_admission: KVAdmission, config: SchedulingConfig, kv_margin: float = DEFAULT_KV_MARGIN,
+                     kv_quantile: float = DEFAULT_KV_QUANTILE, block_rules: Optional[BlockRules] = None,
+                     watermark_blocks: int = 0, history: Optional[OutputLengthHistory] = None,
+                     decode_only: bool = False) -> Admission:
+    """The strategy of a rule: ``kv_margin`` for ``predicted``, ``kv_quantile`` for ``quantile`` and ``peak``, the
     instance's ``history`` of output lengths for ``peak`` and ``past-future`` (a new one if None), a vLLM
     version's ``block_rules`` and ``watermark_blocks`` for ``vllm`` and ``vllm-0.13``; ``decode_only``: the
     instance is a disaggregated decode instance (``sglang`` is then SGLang's pre-allocation rule)."""
-    if policy is KVAdmission.SGLANG:
+    if kv_admission is KVAdmission.SGLANG:
         return DecodePreallocAdmission() if decode_only else SGLangAdmission()
-    if policy is KVAdmission.PREDICTED:
-        return PredictedChargeAdmission(margin, config)
-    if policy is KVAdmission.QUANTILE:
-        return QuantileChargeAdmission(level, config)
-    if policy in PEAK_ADMISSIONS:
-        kind = PeakAdmission if policy is KVAdmission.PEAK else PastFutureAdmission
-        return kind(level, config, OutputLengthHistory() if history is None else history)
-    if policy in VLLM_ADMISSIONS:
+    if kv_admission is KVAdmission.PREDICTED:
+        return PredictedChargeAdmission(kv_margin, config)
+    if kv_admission is KVAdmission.QUANTILE:
+        return QuantileChargeAdmission(kv_quantile, config)
+    if kv_admission in PEAK_ADMISSIONS:
+        kind = PeakAdmission if kv_admission is KVAdmission.PEAK else PastFutureAdmission
+        return kind(kv_quantile, config, OutputLengthHistory() if history is None else history)
+    if kv_admission in VLLM_ADMISSIONS:
         if block_rules is None:
-            raise ValueError(f"kv admission {policy.value} needs a vLLM version's block rules")
+            raise ValueError(f"kv admission {kv_admission.value} needs a vLLM version's block rules")
         return VLLMAdmission(block_rules, watermark_blocks)
-    raise ValueError(f"kv admission {policy.value} has no admission round (the simulator reserves per request)")
+    raise ValueError(f"kv admission {kv_admission.value} has no admission round (the simulator reserves per request)")

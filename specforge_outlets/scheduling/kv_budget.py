@@ -4,8 +4,9 @@ Serving engines size a request's KV reservation from ``max_new_tokens`` (SGLang:
 new request, ``new_token_ratio`` of what is left for a running one), although most outputs are far
 shorter, so fewer requests run at once than fit. With a length prediction the reservation can be
 the predicted remaining length plus a safety margin; a request that outgrows it is caught by the
-engine's retraction (longest predicted remaining first, :func:`retraction_order_key`). Shared by the
-simulator (``kv_admission: predicted``) and the SGLang plugin (``--outlets-kv-margin``).
+engine's retraction (longest predicted remaining first, :func:`retraction_order_key`). Read by
+``kv_admission predicted`` (:class:`~specforge_outlets.scheduling.kv_admission.PredictedChargeAdmission`),
+which the simulator and the SGLang plugin (``--outlets-kv-admission predicted --outlets-kv-margin M``) run.
 
 With a predicted distribution the reservation can instead be a chosen quantile of the remaining
 length (:func:`quantile_output_budget`; the simulator's ``kv_admission: quantile``): a margin on the
@@ -21,28 +22,28 @@ from typing import Optional
 from specforge_outlets.scheduling.keys import SchedulingConfig, predicted_remaining
 from specforge_outlets.scheduling.length_distribution import LengthDistribution
 
-# Share of the predicted remaining length reserved on top of it. In the simulator (Azure conversation
-# and heavy-tailed outputs, exact to doubled-error predictions) 0.2 retracted 1 request in 48 FCFS and
-# tail-safe runs and gave up to 1% more throughput than 0.5 (docs/results.md, "KV admission by
-# prediction in the simulator"; benchmarks/tail_safe_sweep.py --kv-admission predicted --kv-margin M).
+# kv_margin: share of the predicted remaining length reserved on top of it. In the simulator (Azure
+# conversation and heavy-tailed outputs, exact to doubled-error predictions) 0.2 retracted 1 request in
+# 48 FCFS and tail-safe runs and gave up to 1% more throughput than 0.5
+# (benchmarks/tail_safe_sweep.py --kv-admission predicted --kv-margin M regenerates the comparison).
 DEFAULT_KV_MARGIN = 0.2
 
-# Quantile of the predicted remaining length reserved by quantile admission: the upper decile, so
-# that about one request in ten outgrows its reservation if the quantiles are calibrated (the
-# retraction then catches it), as issue 27's q90 coverage target.
+# kv_quantile: the quantile of the predicted remaining length reserved by quantile admission (and the
+# peak's per-request end): the upper decile, so that about one request in ten outgrows its reservation
+# if the quantiles are calibrated (the retraction then catches it), the q90 coverage the evaluation reports.
 DEFAULT_KV_QUANTILE = 0.9
 
 
 def predicted_output_budget(
-    predicted_output_len: Optional[float], num_generated_tokens: int, margin: float, cap: int,
+    predicted_output_len: Optional[float], num_generated_tokens: int, kv_margin: float, cap: int,
     config: SchedulingConfig,
 ) -> int:
-    """Output tokens of KV to hold for a request from now on: predicted remaining x (1 + margin), at most ``cap``."""
+    """Output tokens of KV to hold for a request from now on: predicted remaining x (1 + kv_margin), at most ``cap``."""
     remaining = predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len)
-    return min(cap, math.ceil(remaining * (1.0 + margin)))
+    return min(cap, math.ceil(remaining * (1.0 + kv_margin)))
 
 
-def quantile_output_budget(distribution: LengthDistribution, num_generated: int, level: float, cap: int) -> int:
-    """Output tokens of KV to hold from now on: the ``level``-quantile of the remaining length given
+def quantile_output_budget(distribution: LengthDistribution, num_generated: int, kv_quantile: float, cap: int) -> int:
+    """Output tokens of KV to hold from now on: the ``kv_quantile``-quantile of the remaining length given
     ``num_generated`` tokens so far (:meth:`LengthDistribution.quantile_remaining`), rounded up, at most ``cap``."""
-    return min(cap, math.ceil(distribution.quantile_remaining(level, num_generated)))
+    return min(cap, math.ceil(distribution.quantile_remaining(kv_quantile, num_generated)))

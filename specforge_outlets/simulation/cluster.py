@@ -70,7 +70,7 @@ class ClusterConfig:
     kv_transfer_latency_s: float = 0.002  # fixed cost per transfer
     predict_at: PredictionPoint = PredictionPoint.PREFILL
     kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
-    kv_prediction_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
+    kv_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
     kv_quantile: float = DEFAULT_KV_QUANTILE  # quantile admission: the level of the remaining length reserved
     # SGLang's new_token_ratio knobs (its admission, and the plugin's, which keeps it for requests without a
     # prediction): --schedule-conservativeness, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
@@ -114,7 +114,7 @@ _POSITIVE_INT_FIELDS = (
 )
 _POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu",
                           "schedule_conservativeness")
-_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_prediction_margin",
+_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_margin",
                               "load_poll_interval_s", "min_new_token_ratio_factor")
 
 

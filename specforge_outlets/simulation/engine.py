@@ -280,7 +280,7 @@ class EngineInstance:
         # the rule that decides (max-new-tokens has none: every request reserves its full length); on a
         # disaggregated decode instance the plugin's charge sizes a per-request reservation (_reservation)
         self.admission: Optional[Admission] = None if cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS else (
-            create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_prediction_margin, cluster.kv_quantile,
+            create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_margin, cluster.kv_quantile,
                              self.vllm, watermark, self.history, decode_only=not chunked_prefill_size))
         # SGLang without --enable-mixed-chunk (its default) runs a prefill batch alone: the decode batch waits
         self.prefill_alone = self.sglang and bool(chunked_prefill_size)
