@@ -30,10 +30,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-sys.path.insert(0, REPO)
 
-import serving_study_sharegpt as study  # noqa: E402
+from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
 from specforge_outlets.simulation.study import summarize  # noqa: E402

@@ -44,8 +44,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import serving_study_sharegpt as study  # noqa: E402
-from committed_data import read_eval_record  # noqa: E402
+from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
+from specforge_outlets.studies.committed_data import read_eval_record  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.scheduling import LengthDistribution, SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.metrics import parse_goodput  # noqa: E402

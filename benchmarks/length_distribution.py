@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 
-from committed_data import LABEL_SET
+from specforge_outlets.studies.committed_data import LABEL_SET
 
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written

@@ -37,8 +37,10 @@ from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from kv_bound_server_study import (END_TOKEN_ID, MAX_NEW_TOKENS, METRICS, RETRACTED, SERVE_PYTHON,  # noqa: E402
-                                   SHORT_THRESHOLD, finished_runs, make_target, slug, write_workload)
+from specforge_outlets.studies.kv_bound_server import (  # noqa: E402
+    END_TOKEN_ID, MAX_NEW_TOKENS, METRICS, RETRACTED, SERVE_PYTHON, SHORT_THRESHOLD, finished_runs, make_target, slug,
+    write_workload,
+)
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.studies import sglang_plugins  # noqa: E402
 

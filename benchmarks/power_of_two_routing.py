@@ -45,7 +45,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import serving_study_sharegpt as study  # noqa: E402
+from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.demo.stages import written  # noqa: E402
 from specforge_outlets.scheduling import DEFAULT_LOAD_POLL_INTERVAL_S, SchedulingConfig  # noqa: E402

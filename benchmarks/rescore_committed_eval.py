@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
+from specforge_outlets.studies.committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
 from sharegpt_outlets import NOISE_SEEDS
 
 from specforge_outlets.atomic import write_text_atomic

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
-from committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
+from specforge_outlets.studies.committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
 
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.data.feature_subset import subset_features

@@ -38,7 +38,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import kv_bound_server_study as study  # noqa: E402  (benchmarks/)
+from specforge_outlets.studies import kv_bound_server as study  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl  # noqa: E402
 from specforge_outlets.evaluation.predictions_file import predictions_by_id  # noqa: E402

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from committed_data import AZURE_CONV_TRACE, shared
+from specforge_outlets.studies.committed_data import AZURE_CONV_TRACE, shared
 from specforge_outlets.scheduling import DEFAULT_LONG_HOLDBACK, QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN
 from specforge_outlets.simulation.cluster import KVAdmission, load_cluster_config

@@ -83,7 +83,7 @@ def test_the_record_reader_checks_every_field_and_names_the_line(record, tmp_pat
 
 
 def test_the_serving_benchmarks_read_the_committed_record_with_it(tmp_path):
-    from benchmarks.committed_data import read_eval_record
+    from specforge_outlets.studies.committed_data import read_eval_record
 
     rows = read_eval_record()
     assert len(rows) == 595 and sum(row["censored"] for row in rows) == 92

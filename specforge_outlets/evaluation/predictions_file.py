@@ -12,7 +12,7 @@ complete record (``predictions.jsonl.gz``, gzip-compressed, one row per request 
 map of r̂₀ and a ``dynamic`` map of trajectories by predictor; a censored row's length is a lower
 bound, so it is read as unknown), or rows that each carry a ``predictor`` field (``predictions.jsonl``).
 The complete record's own rows, every predictor's, checked, are :func:`iter_record`'s: the serving
-benchmarks replay them (``benchmarks/committed_data.py``).
+benchmarks replay them (``specforge_outlets/studies/committed_data.py``).
 """
 
 from __future__ import annotations
