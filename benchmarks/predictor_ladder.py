@@ -74,6 +74,7 @@ SHORT_THRESHOLD = 800
 LEARNED = {"bert (MiniLM)": "bert", "outlets r0": "outlets", "probe-mid (N/2)": "probe-mid"}
 # KV tokens per instance: the binding cache of the admission study, or the GPU's own (None: from memory)
 REGIMES = {"100k": 100_000, "gpu": None}
+LOAD_NAMES = ("knee", "past")  # --loads: the two of LOADS
 # (knee, past it) in requests/s per workload and cache: where SGLang's default throughput stops growing with the
 # load (measured at 6,000 requests, seed 0; docs/admission.md)
 LOADS = {("sharegpt-smollm2", "100k"): (40.0, 60.0), ("sharegpt-smollm2", "gpu"): (80.0, 120.0),
@@ -274,7 +275,8 @@ def workloads(names: Sequence[str]) -> Dict[str, Callable[[], object]]:
 def simulate(args) -> None:
     """The cells, knees first (every workload, cache and seed), then past the knees: an interrupted run leaves
     whole figures behind, and a rerun resumes at the first cell not complete."""
-    cells = [(name, regime, LOADS[(name, regime)][load], seed) for load in (0, 1) for seed in args.seeds
+    cells = [(name, regime, LOADS[(name, regime)][LOAD_NAMES.index(load)], seed) for load in args.loads
+             for seed in args.seeds
              for name in args.workloads for regime in args.regimes]
     made: Dict[str, object] = {}
     for number, (name, regime, rate, seed) in enumerate(cells, 1):
@@ -411,6 +413,16 @@ def aim_rows(config: str, workload: str, regime: str, seeds_at: Dict[float, List
     return rows
 
 
+def glance_table(seeds: List[dict], scores: Dict[str, float]) -> List[str]:
+    """Per rung, its C-index and its short P99 ratio to the best SGLang peer under every configuration."""
+    best = best_sglang(seeds)
+    lines = ["| rung | C-index | " + " | ".join(CONFIGS) + " |", "|---|---:|" + "---:|" * len(CONFIGS)]
+    for rung in RUNGS:
+        cells = [spread(ratios(seeds, f"{config} | {rung}", best, "short_p99_s")) for config in CONFIGS]
+        lines.append(f"| {rung} | {scores.get(rung, float('nan')):.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def yes_no(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -440,6 +452,15 @@ def report(args) -> None:
                 scores = json.load(handle)["c_index"]
             lines.append(f"| {name} | " + " | ".join(f"{scores[rung]:.3f}" for rung in RUNGS) + " |")
     for (workload, regime), seeds_at in grouped.items():
+        scores = {}
+        if os.path.exists(quality_path(args.output, workload)):
+            with open(quality_path(args.output, workload)) as handle:
+                scores = json.load(handle)["c_index"]
+        for rate in sorted(seeds_at):
+            seeds = ", ".join(str(cell["seed"]) for cell in seeds_at[rate])
+            lines += ["", f"## At a glance: {workload}, {regime} cache, {rate:g} requests/s "
+                      f"(short P99 / the best SGLang peer's, seeds {seeds})", ""] + glance_table(seeds_at[rate], scores)
+    for (workload, regime), seeds_at in grouped.items():
         seeds = sorted({cell["seed"] for cells_ in seeds_at.values() for cell in cells_})
         lines += ["", f"## {workload}, {regime} cache (seeds {', '.join(map(str, seeds))})", "",
                   "short P99 ratio mean [range] / long P99 ratio / throughput ratio (retractions, mean per run)", ""]
@@ -460,10 +481,12 @@ def plot(args) -> None:
     cells = read_cells(args.output)
     panels = [(workload, regime) for workload in args.workloads for regime in args.regimes
               if (workload, regime, LOADS[(workload, regime)][0]) in cells]
-    figure, axes = plt.subplots(len(args.regimes), len(args.workloads), figsize=(4.2 * len(args.workloads),
-                                3.6 * len(args.regimes)), squeeze=False, sharex=True)
+    regimes = [regime for regime in args.regimes if any(regime == r for _, r in panels)]
+    names = [workload for workload in args.workloads if any(workload == w for w, _ in panels)]
+    figure, axes = plt.subplots(len(regimes), len(names), figsize=(4.2 * len(names), 3.6 * len(regimes)),
+                                squeeze=False, sharex=True)
     for (workload, regime) in panels:
-        axis = axes[args.regimes.index(regime)][args.workloads.index(workload)]
+        axis = axes[regimes.index(regime)][names.index(workload)]
         with open(quality_path(args.output, workload)) as handle:
             scores = json.load(handle)["c_index"]
         rate = LOADS[(workload, regime)][0]
@@ -499,6 +522,7 @@ def main() -> None:
     parser.add_argument("stages", nargs="*", help=f"of {', '.join(STAGES)} (default: all, in order)")
     parser.add_argument("--workloads", nargs="+", default=["sharegpt-smollm2", "sharegpt-chatgpt", "azure-conv"])
     parser.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
+    parser.add_argument("--loads", nargs="+", choices=LOAD_NAMES, default=list(LOAD_NAMES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--requests", type=int, default=6000)
     parser.add_argument("--output", default=OUTPUT)
