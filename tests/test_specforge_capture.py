@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -28,6 +29,13 @@ from tests.tiny_target import write_draft_config
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_RUN = os.path.join(CHECKOUT, "tests", "specforge_capture", "cpu_run.py")
+sys.path.insert(0, os.path.dirname(CPU_RUN))
+from cpu_run import CHECKOUT_VARIABLE, specforge_script  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    specforge_script() is None,
+    reason=f"needs SpecForge's scripts/prepare_hidden_states.py: set ${CHECKOUT_VARIABLE} to a SpecForge checkout "
+           "(sgl-project/SpecForge; its PyPI package ships no scripts/)")
 
 
 def documented_block() -> str:

@@ -2,7 +2,8 @@
 
     python tests/specforge_capture/cpu_run.py --workdir DIR [the script's arguments]
 
-The script (``prepare_hidden_states.py`` beside this file, SpecForge's unchanged) runs as written:
+The script (``scripts/prepare_hidden_states.py`` of the SpecForge checkout named by
+``$SPECFORGE_CHECKOUT``, unchanged; never copied into this repository) runs as written:
 its argument parser, the draft config and capture-layer resolution, SpecForge's dataset build (chat
 template, loss mask, ``--max-length`` cut), the vocabulary mapping, the ``rows_<a>-<b>/data_<i>``
 file layout and ``--compress``. Three things stand in for the GPU, and nothing else:
@@ -27,7 +28,15 @@ import socket
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "prepare_hidden_states.py")
+# SpecForge's PyPI package (wheel and sdist) ships no scripts/: the script comes from a checkout.
+CHECKOUT_VARIABLE = "SPECFORGE_CHECKOUT"
+
+
+def specforge_script() -> str | None:
+    """SpecForge's own prepare_hidden_states.py, if ``$SPECFORGE_CHECKOUT`` names a checkout holding it."""
+    checkout = os.environ.get(CHECKOUT_VARIABLE)
+    script = os.path.join(checkout, "scripts", "prepare_hidden_states.py") if checkout else None
+    return script if script and os.path.isfile(script) else None
 
 
 class TransformersCaptureBackend:
@@ -81,7 +90,7 @@ def main(argv) -> None:
     argv = argv[: argv.index("--workdir")] + argv[argv.index("--workdir") + 2 :]
     scripts = os.path.join(workdir, "scripts")
     os.makedirs(scripts, exist_ok=True)
-    script = shutil.copy(SCRIPT, scripts)
+    script = shutil.copy(specforge_script(), scripts)
     if "RANK" not in os.environ:  # run alone: one rank; under torch.distributed.run: its ranks
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
