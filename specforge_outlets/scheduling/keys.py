@@ -21,7 +21,7 @@ order never changes while they wait and a heap can hold the keys. Because every 
 within a bounded window, and waits at most as long as it would under FCFS had it arrived that
 window later. With ``rate = 0`` the key is plain SJF and there is no bound.
 
-Distributions (issue 27). A request may also carry ``predicted_output_quantiles``, quantiles of its
+Distributions. A request may also carry ``predicted_output_quantiles``, quantiles of its
 total output length at ``SchedulingConfig.quantile_levels`` (:mod:`.length_distribution`). The SJF
 key can then order by what that distribution says (``order_key``: its mean remaining length, a
 risk-adjusted mean + beta x CVaR_0.9, the Gittins rank, or the KV footprint of the decode), and the

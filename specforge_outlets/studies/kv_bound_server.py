@@ -1,4 +1,4 @@
-"""Real SGLang servers whose KV cache binds: admission and retraction under learned predictions (issues 13, 27).
+"""Real SGLang servers whose KV cache binds: admission and retraction under learned predictions.
 
 The simulated study (``serving_study_sharegpt.py``) found that where the KV cache binds, admission by
 predicted length is where predictions pay. This checks it on real SGLang 0.5.23 servers on this CPU,
@@ -207,7 +207,7 @@ def read_prompts(wanted) -> Dict[str, str]:
 def write_ladder_dataset(dataset: str, count: int, seed: int) -> None:
     """``count`` of the label set's prompt samples (``predictor_ladder.LabelSetSamples``: id ``prompt/k``, k = 0 the
     test response), the ladder's predictions of them, the dataset last (done)."""
-    from predictor_ladder import LabelSetSamples
+    from specforge_outlets.studies.label_set_samples import LabelSetSamples
 
     samples = LabelSetSamples()
     drawn = random.Random(seed).sample(range(len(samples.ids)), count)

@@ -2,7 +2,7 @@
 
 The drafting recipes' learning rates (1e-4 on GPUs, 1e-3 on the CPU) are tuned for the draft
 decoder; at those rates the small length MLP moves too little in the few hundred steps of a run to
-learn what the prompt says about the length (issue 12). SpecForge builds one ``BF16Optimizer``
+learn what the prompt says about the length. SpecForge builds one ``BF16Optimizer``
 (AdamW over fp32 master copies, one group, the run's warm-up and decay) through
 ``specforge.training.assembly._optimizer_factory`` and offers no provider hook for it, so
 :func:`install_length_head_lr` points that factory at one that builds the same optimizer and moves

@@ -1,6 +1,6 @@
 """The OUTLETS objective: L = w_sd * L_SD + lambda * L_len + mu * L_q + gamma * ||theta_len||^2.
 
-L_q is the quantile head's pinball loss (issue 27, :func:`fit_quantiles`), on the same positions
+L_q is the quantile head's pinball loss (:func:`fit_quantiles`), on the same positions
 with the same weights as L_len; mu is ``outlets.quantile_loss_weight`` and the term is absent
 without a quantile head.
 
