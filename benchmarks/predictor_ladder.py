@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import itertools
 import json
 import os
 import sys
@@ -46,20 +44,18 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 sys.path.insert(0, REPO)
 
-import serving_study_sharegpt as study  # noqa: E402
-from committed_data import LABEL_SET, read_eval_record  # noqa: E402
+from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
+from specforge_outlets.studies.label_set_samples import LEARNED, LabelSetSamples  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.evaluation.censoring import CensoredRequests, c_index  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
-from specforge_outlets.serving.trace import Trace, poisson_arrival_times  # noqa: E402
+from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
 from specforge_outlets.simulation.predictors import (  # noqa: E402
     constant_predictions,
-    per_prompt_ceiling,
     shuffled_predictions,
     with_measured_errors,
 )
@@ -68,10 +64,8 @@ from specforge_outlets.simulation.study import summarize  # noqa: E402
 
 OUTPUT = os.path.join(REPO, "benchmarks", "data", "predictor-ladder")
 FIGURE = os.path.join(REPO, "docs", "figures", "predictor-ladder.png")
-NOISE_SAMPLES = [os.path.join(LABEL_SET, f"noise-seed{seed}.jsonl.gz") for seed in (1, 2, 3)]
 CAP = study.MAX_NEW_TOKENS  # a response cut at the label set's limit ran this long
 SHORT_THRESHOLD = 800
-LEARNED = {"bert (MiniLM)": "bert", "outlets r0": "outlets", "probe-mid (N/2)": "probe-mid"}
 # KV tokens per instance: the binding cache of the admission study, or the GPU's own (None: from memory)
 REGIMES = {"100k": 100_000, "gpu": None}
 LOAD_NAMES = ("knee", "past")  # --loads: the two of LOADS
@@ -83,45 +77,6 @@ LOADS = {("sharegpt-smollm2", "100k"): (40.0, 60.0), ("sharegpt-smollm2", "gpu")
 
 
 # -- workloads: requests, and each rung's values for them --------------------------------------------
-
-
-class LabelSetSamples:
-    """The label set's prompts with four samples each; a request is one sample, drawn uniformly."""
-
-    name = "sharegpt-smollm2"
-
-    def __init__(self) -> None:
-        with open(study.REQUESTS) as handle:
-            input_len = {row["id"]: row["input_length"] for row in map(json.loads, handle)}
-        record = {row["id"]: row for row in read_eval_record()}
-        others: Dict[str, List[Tuple[int, bool]]] = {}
-        for path in NOISE_SAMPLES:
-            with gzip.open(path, "rt") as handle:
-                for row in map(json.loads, handle):
-                    turn = row["turns"][0]
-                    others.setdefault(row["id"], []).append((int(turn["num_tokens"]), turn["finish_reason"] != "stop"))
-        prompts = [p for p in record if len(others.get(p, ())) == len(NOISE_SAMPLES) and p in input_len]
-        samples = [[(int(record[p]["true_output_len"]), bool(record[p]["censored"]))] + others[p] for p in prompts]
-        per_sample = len(NOISE_SAMPLES) + 1
-        self.ids = [f"{p}/{k}" for p in prompts for k in range(per_sample)]
-        self.input_lens = np.repeat([input_len[p] for p in prompts], per_sample)
-        self.output_lens = np.array([length for s in samples for length, _ in s])
-        self.censored = np.array([cut for s in samples for _, cut in s])
-        self.train_median = float(record[prompts[0]]["static"]["constant"])  # outlets eval's train median
-        self.values = {rung: np.repeat([float(record[p]["static"][name]) for p in prompts], per_sample)
-                       for rung, name in LEARNED.items()}
-        self.values["ceiling"] = np.concatenate(per_prompt_ceiling([[length for length, _ in s] for s in samples]))
-
-    def trace(self, rate_rps: float, count: int, seed: int) -> Tuple[Trace, np.ndarray]:
-        """A Poisson trace of samples drawn with replacement, and which sample each request is."""
-        rng = np.random.default_rng(seed)
-        drawn = rng.integers(0, len(self.ids), size=count)
-        trace = Trace(f"{self.name}-{rate_rps:g}rps", [f"{self.ids[i]}#{n}" for n, i in enumerate(drawn)],
-                      poisson_arrival_times(rng, rate_rps, count), self.input_lens[drawn], self.output_lens[drawn])
-        return trace, drawn
-
-    def measured(self, rung: str, trace: Trace, drawn: np.ndarray, seed: int) -> List[float]:
-        return self.values[rung][drawn].tolist()
 
 
 class TransferredErrors:

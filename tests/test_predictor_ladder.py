@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-import kv_bound_server_study  # noqa: E402
 import predictor_ladder as ladder  # noqa: E402
+from specforge_outlets.studies import kv_bound_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_a_cell_keeps_its_runs_and_adds_only_those_it_lacks(samples, tmp_path, m
 
 
 def test_the_real_servers_ladder_runs_its_rungs_on_the_default_server_only():
-    study = kv_bound_server_study
+    study = kv_bound_server
     assert study.predictors_of(study.LADDER_SERVER, ladder=True) == ("none", "constant", "outlets", "ceiling", "oracle")
     assert study.predictors_of("outlets sjf", ladder=True) == ("none",)
     assert study.predictors_of(study.LADDER_SERVER) == study.PREDICTORS  # without --ladder: as before
