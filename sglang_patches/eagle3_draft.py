@@ -140,7 +140,6 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         super().__init__(config, quant_config=quant_config, prefix=prefix)
         self.outlets_config = outlets
         self.gated_attention = outlets.gated_attention
-        self.length_head_input = outlets.head_input
         if self.gated_attention:
             layer = self.model.layers[0]
             add_output_gate(

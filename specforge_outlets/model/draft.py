@@ -16,7 +16,7 @@ from specforge.modeling.draft.registry import register_draft
 from transformers import LlamaConfig
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.draft_config import read_outlets_config
+from specforge_outlets.model.draft_config import QuantileMode, read_outlets_config
 from specforge_outlets.model.gated_attention import add_output_gate
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.model.quantile_head import QuantileHead
@@ -96,7 +96,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         """The quantile head on the normalised state; ``quantile_mode: detached`` stops the gradient there."""
         assert self.quantile_head is not None, "the draft has no quantile head (outlets.quantile_levels)"
         normalized = self.normalized_state(state)
-        return self.quantile_head(normalized.detach() if self.outlets.quantile_mode == "detached" else normalized)
+        return self.quantile_head(normalized.detach() if self.outlets.quantile_mode is QuantileMode.DETACHED else normalized)
 
     def predict_log_remaining_quantiles(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, K]
         """z quantiles at ``outlets.quantile_levels`` from draft states, non-decreasing."""

@@ -7,27 +7,37 @@ exact gate and head without the training recipe.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum, StrEnum
 from typing import Any, Dict, Optional, Tuple
 
-HEAD_INPUTS = ("draft", "fused")  # draft decoder output (the method) | fused target features (ablation)
-# How the quantile head trains: "joint" lets its loss reach the draft (weighted like the length
-# loss); "detached" stops the gradient at the draft state, so drafting is as without the head.
-QUANTILE_MODES = ("joint", "detached")
+
+class HeadInput(StrEnum):
+    """What the length head reads."""
+
+    DRAFT = "draft"  # the draft decoder's output (the method)
+    FUSED = "fused"  # the fused target features, no draft decoder (ablation)
+
+
+class QuantileMode(StrEnum):
+    """How the quantile head trains."""
+
+    JOINT = "joint"  # its loss reaches the draft, weighted like the length loss
+    DETACHED = "detached"  # the gradient stops at the draft state, so drafting is as without the head
 
 
 @dataclass(frozen=True)
 class OutletsDraftConfig:
     fusion_layers: Tuple[int, int, int]  # target depths, Hugging Face hidden_states indices
     gated_attention: bool
-    head_input: str
+    head_input: HeadInput
     head_widths: Tuple[int, ...]  # MLP widths before the output layer, e.g. (H, H/2, H/4)
     bucket_edges: Optional[Tuple[int, ...]]  # None: regression on log(1 + r); else bucket classes
     quantile_levels: Optional[Tuple[float, ...]] = None  # None: no quantile head (model/quantile_head.py)
-    quantile_mode: str = "joint"  # QUANTILE_MODES
+    quantile_mode: QuantileMode = QuantileMode.JOINT
 
-    def __post_init__(self) -> None:
-        assert self.head_input in HEAD_INPUTS, self.head_input
-        assert self.quantile_mode in QUANTILE_MODES, self.quantile_mode
+    def __post_init__(self) -> None:  # a value read from JSON becomes its enum member; ValueError if it is none
+        object.__setattr__(self, "head_input", HeadInput(self.head_input))
+        object.__setattr__(self, "quantile_mode", QuantileMode(self.quantile_mode))
 
     @classmethod
     def from_dict(cls, raw: Dict[str, Any]) -> "OutletsDraftConfig":
@@ -39,12 +49,13 @@ class OutletsDraftConfig:
             head_widths=tuple(raw["head_widths"]),
             bucket_edges=tuple(edges) if edges is not None else None,
             quantile_levels=tuple(float(level) for level in levels) if levels is not None else None,
-            quantile_mode=raw.get("quantile_mode", "joint"),
+            quantile_mode=raw.get("quantile_mode", QuantileMode.JOINT),
         )
 
     def to_dict(self) -> Dict[str, Any]:
         raw = asdict(self)
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in raw.items()}
+        return {key: list(value) if isinstance(value, tuple) else value.value if isinstance(value, Enum) else value
+                for key, value in raw.items()}
 
     @property
     def head_outputs(self) -> int:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from specforge_outlets.data.labels import shift_left
+from specforge_outlets.model.draft_config import HeadInput
 
 
 @torch.no_grad()
 def draft_states(draft, input_ids: torch.Tensor, aux_hidden_state: torch.Tensor) -> torch.Tensor:
     """[B, T] ids and [B, T, 3H_target] fused features -> [B, T, H] states the length head reads."""
     fused = draft.project_hidden_states(aux_hidden_state.to(draft.fc.weight.dtype))  # [B, T, H]
-    if draft.outlets.head_input == "fused":
+    if draft.outlets.head_input is HeadInput.FUSED:
         return fused
     batch, seq_len, _ = fused.shape
     next_ids = shift_left(input_ids, 1).clamp_min(0)  # token j + 1 at position j (0 past the end)

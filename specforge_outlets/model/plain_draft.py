@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.draft_config import OutletsDraftConfig
+from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.model.quantile_head import QuantileHead
 
@@ -111,7 +111,7 @@ class OutletsLengthPredictor:
         # The training side's head modules, with the export's weights (the length head's bucket centres included).
         self.length_head = _loaded_head(LengthHead(list(self.outlets.head_widths), self.outlets.bucket_edges),
                                         "length_head", weights, directory, "bucket_edges", dtype, self.device)
-        self.quantile_head = None  # an export trained with outlets.quantile_levels has one (issue 27)
+        self.quantile_head = None  # an export trained with outlets.quantile_levels has one
         if self.outlets.quantile_levels:
             self.quantile_head = _loaded_head(
                 QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels), "quantile_head", weights,
@@ -134,7 +134,7 @@ class OutletsLengthPredictor:
             chunks = x.chunk(3, dim=-1)
             x = torch.cat([_rms_norm(c, self.w[f"fc_norm.{i}.weight"], self.eps) for i, c in enumerate(chunks)], -1)
         fused = self._linear(x, "fc")  # [T, H]
-        if self.head_input == "fused":
+        if self.head_input is HeadInput.FUSED:
             return fused
         T = fused.shape[0]
         emb = self.embed_tokens(next_ids.clamp_min(0)).to(self.dtype)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from specforge_outlets.model.draft_config import OutletsDraftConfig
+from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig
 
 EAGLE3 = "EAGLE-3"
 PREDICTOR_ONLY = "predictor-only"
@@ -27,9 +27,9 @@ LLAMA_TARGET = "a Llama-family target (SGLang LlamaModel)"
 
 def eagle3_refusal(outlets: OutletsDraftConfig) -> Optional[str]:
     """Why EAGLE-3 mode cannot read this draft's length head, or None where it can."""
-    if outlets.head_input == "draft":
+    if outlets.head_input is HeadInput.DRAFT:
         return None
-    return (f"outlets_config.head_input={outlets.head_input!r}: EAGLE-3 mode reads the length head on the draft "
+    return (f"outlets_config.head_input={outlets.head_input.value!r}: EAGLE-3 mode reads the length head on the draft "
             "state the speculative worker keeps, which a head trained on the fused target features cannot read. "
             "Train with head_input: draft, or use predictor-only mode (--outlets-draft-path, speculative decoding off).")
 

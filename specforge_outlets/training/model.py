@@ -16,6 +16,7 @@ import torch
 from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
 from specforge_outlets.data.labels import NO_LABEL, shift_left
+from specforge_outlets.model.draft_config import HeadInput
 from specforge_outlets.training.loss_rows import drafting_loss_at_rows
 from specforge_outlets.training.objective import l2_penalty
 
@@ -43,7 +44,7 @@ class OutletsEagle3Model(OnlineEagle3Model):
         (SpecForge's one-position target shift plus one per step).
         """
         draft = self.draft_model
-        source = draft.midlayer if draft.outlets.head_input == "draft" else draft.fc
+        source = draft.midlayer if draft.outlets.head_input is HeadInput.DRAFT else draft.fc
         states: List[torch.Tensor] = []
         handle = source.register_forward_hook(lambda _module, _inputs, output: states.append(output))
         if not drafting:
@@ -54,7 +55,7 @@ class OutletsEagle3Model(OnlineEagle3Model):
         finally:
             handle.remove()
             draft.defer_logits = False
-        expected = self.length if draft.outlets.head_input == "draft" else 1
+        expected = self.length if draft.outlets.head_input is HeadInput.DRAFT else 1
         assert len(states) == expected, f"collected {len(states)} draft states, expected {expected}"
         raw = [draft.length_outputs(state) for state in states]
         quantile_raw = [draft.quantile_outputs(state) for state in states] if draft.quantile_head is not None else None

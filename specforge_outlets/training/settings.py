@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.draft_config import HEAD_INPUTS, QUANTILE_MODES, OutletsDraftConfig
+from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig, QuantileMode
 from specforge_outlets.model.quantile_head import check_levels
 from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
 
@@ -29,7 +29,7 @@ DEFAULT_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tokens; used only by hea
 class OutletsSettings:
     """L = sd_loss_weight * L_SD + length_loss_weight * L_len + length_l2_weight * ||theta_len||^2.
 
-    The ``length_*`` training settings make the head learn from the prompt (issue 12): with the
+    The ``length_*`` training settings make the head learn from the prompt: with the
     pooled weighting and a zero bias it predicted about the same length for every request. The
     old set-up is ``length_weighting: pooled, length_static_weight: 0, length_ttt_decay: 1,
     length_bias_init: zero, length_head_lr_scale: 1``; docs/training.md has the measured difference.
@@ -39,7 +39,7 @@ class OutletsSettings:
     length_l2_weight: float = 1e-5  # gamma, L2 over the length MLP only
     sd_loss_weight: float = 1.0  # 0 is the LP-only ablation (no drafting loss)
     gated_attention: bool = True  # false: plain EAGLE-3 attention (ablation)
-    head_input: str = "draft"  # "fused": head on the fused target features, no draft decoder
+    head_input: HeadInput = HeadInput.DRAFT
     head_type: str = "regression"  # "buckets": classification over length buckets (ablation)
     head_widths: Optional[Tuple[int, ...]] = None  # None: (H, H/2, H/4)
     bucket_edges: Tuple[int, ...] = DEFAULT_BUCKET_EDGES
@@ -58,7 +58,7 @@ class OutletsSettings:
     # like L_len (same positions, weights and censoring); None: no quantile head
     quantile_levels: Optional[Tuple[float, ...]] = None
     quantile_loss_weight: float = 0.1
-    quantile_mode: str = "joint"  # "detached": stop-gradient at the draft state (drafting unchanged)
+    quantile_mode: QuantileMode = QuantileMode.JOINT
 
     def __post_init__(self) -> None:
         for name in ("length_loss_weight", "length_l2_weight", "sd_loss_weight", "length_static_weight",
@@ -67,8 +67,12 @@ class OutletsSettings:
                 raise OutletsError(f"outlets.{name} must be >= 0, got {getattr(self, name)}")
         if self.length_loss_weight == 0 and self.sd_loss_weight == 0:
             raise OutletsError("outlets.length_loss_weight and outlets.sd_loss_weight are both 0: nothing to train")
-        if self.head_input not in HEAD_INPUTS:
-            raise OutletsError(f"outlets.head_input must be one of {HEAD_INPUTS}, got {self.head_input!r}")
+        for name, kind in (("head_input", HeadInput), ("quantile_mode", QuantileMode)):
+            try:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+            except ValueError:
+                raise OutletsError(f"outlets.{name} must be one of {tuple(member.value for member in kind)}, "
+                                   f"got {getattr(self, name)!r}") from None
         if self.head_type not in HEAD_TYPES:
             raise OutletsError(f"outlets.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
         if self.length_weighting not in WEIGHTINGS:
@@ -81,8 +85,6 @@ class OutletsSettings:
             raise OutletsError(f"outlets.length_censored must be one of {CENSORED_TARGETS}, got {self.length_censored!r}")
         if self.length_bias_init not in BIAS_INITS:
             raise OutletsError(f"outlets.length_bias_init must be one of {BIAS_INITS}, got {self.length_bias_init!r}")
-        if self.quantile_mode not in QUANTILE_MODES:
-            raise OutletsError(f"outlets.quantile_mode must be one of {QUANTILE_MODES}, got {self.quantile_mode!r}")
         if self.quantile_levels is not None:
             try:
                 check_levels(self.quantile_levels)
