@@ -35,11 +35,18 @@ from specforge_outlets.data.prompt_groups import prompt_groups
 from specforge_outlets.evaluation import metrics, report as reporting
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.predictions_file import iter_record
+from specforge_outlets.evaluation.report_file import recorded_path
 from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.requests import Request, Split
 
 PACKED = LABEL_SET
 EVAL = os.path.join(PACKED, "eval")
+
+
+def recorded_fresh(spec: str) -> str:
+    """A ``--fresh DIR[:SUFFIX]`` as the report records it: its directory named without a machine path."""
+    directory, colon, suffix = spec.partition(":")
+    return recorded_path(directory) + colon + suffix
 
 
 def main() -> int:
@@ -89,7 +96,7 @@ def main() -> int:
         "recorded_requests": len(recorded),
         "kept_requests": len(kept),
         "left_out": left_out,
-        "fresh_reports": args.fresh,
+        "fresh_reports": [recorded_fresh(spec) for spec in args.fresh],
         "finished_only": finished_scores,
         "censoring": reporting.censoring_section(everything, predictions, "outlets", seed=args.seed),
         "ceiling": reporting.ceiling_section(noise_samples(kept), finished,

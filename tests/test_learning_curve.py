@@ -4,7 +4,7 @@ import pytest
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
-from specforge_outlets.evaluation.report_file import EvalReport, PredictorScore, read_report, write_report
+from specforge_outlets.evaluation.report_file import EvalReport, PredictorScore, read_report, recorded_path, write_report
 
 
 def report(n_train, maes, features="/runs/features/test"):
@@ -41,3 +41,12 @@ def test_the_report_is_read_typed_and_a_stale_or_broken_one_is_named(tmp_path):
     write_report(str(tmp_path), {**raw, "predictors": {"outlets": {"spearman": 0.5}}})
     with pytest.raises(OutletsError, match=r"report\.json: malformed report \(KeyError"):
         read_report(str(tmp_path))
+
+
+def test_a_report_records_its_inputs_without_a_machine_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert recorded_path(str(tmp_path / "runs" / "features" / "test")) == "runs/features/test"
+    assert recorded_path("runs/features/test") == "runs/features/test"
+    assert recorded_path("/root/.cache/specforge-outlets/smollm2-135m") == "specforge-outlets/smollm2-135m"
+    assert recorded_path("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id
+    assert recorded_path(None) is None

@@ -24,7 +24,7 @@ from specforge_outlets import wandb_report
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.evaluation.predictions_file import write_predictions
 from specforge_outlets.training.settings import CENSORED_TARGETS
-from specforge_outlets.evaluation.report_file import REPORT_VERSION, write_report
+from specforge_outlets.evaluation.report_file import REPORT_VERSION, recorded_path, write_report
 from specforge_outlets.errors import OutletsError
 
 # name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
@@ -339,12 +339,12 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     ranked = lambda key: sorted(results, key=lambda name: results[name][key])  # noqa: E731
     report = {
         "version": REPORT_VERSION,
-        "features": os.path.abspath(args.features),
-        "train_features": os.path.abspath(args.train_features),
-        "target": target_path,
-        "draft": os.path.abspath(args.draft) if args.draft else None,
-        "sd_only_draft": os.path.abspath(args.sd_only_draft) if args.sd_only_draft else None,
-        "lp_only_draft": os.path.abspath(args.lp_only_draft) if args.lp_only_draft else None,
+        "features": recorded_path(args.features),
+        "train_features": recorded_path(args.train_features),
+        "target": recorded_path(target_path),
+        "draft": recorded_path(args.draft),
+        "sd_only_draft": recorded_path(args.sd_only_draft),
+        "lp_only_draft": recorded_path(args.lp_only_draft),
         "n_requests": len(test),
         "n_censored": len(test.censored),
         "n_train_requests": len(train),

@@ -25,6 +25,7 @@ import numpy as np
 from specforge_outlets.evaluation.predictions_file import PredictionRow
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation import ceiling, censoring, metrics
+from specforge_outlets.evaluation.report_file import recorded_path
 from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.requests import Split
@@ -104,7 +105,7 @@ def noise_floor(samples: NoiseSamples, *, seed: int = 0) -> Dict[str, Any]:
         "n_samples": sum(len(samples.lengths[key]) for key in per_prompt),
         "unfinished_samples": samples.unfinished,
         "ignored_rows": samples.ignored_rows,
-        "files": [os.path.abspath(path) for path in samples.files],
+        "files": [recorded_path(path) for path in samples.files],
     }
 
 

@@ -38,6 +38,21 @@ class EvalReport:
     noise_floor_static_mae: Optional[float]
 
 
+def recorded_path(path: Optional[str]) -> Optional[str]:
+    """An input as a report records it, naming it without saying where on this machine it was: relative to
+    the current directory when under it (a checkout's runs/), else the directory it is in and its name
+    (``specforge-outlets/smollm2-135m`` for a target in a model cache), so a committed report holds no home
+    or scratch path and two reports of one test split still record the same name."""
+    if path is None:
+        return None
+    absolute = os.path.abspath(path)
+    here = os.getcwd()
+    if absolute.startswith(here + os.sep):
+        return os.path.relpath(absolute, here)
+    parent, name = os.path.split(absolute)
+    return os.path.join(os.path.basename(parent), name)
+
+
 def write_report(directory: str, report: Dict[str, Any]) -> str:
     """Write ``directory/report.json`` atomically (last: its presence means the evaluation finished)."""
     return write_text_atomic(os.path.join(directory, REPORT), json.dumps(report, indent=2))
