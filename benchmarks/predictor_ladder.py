@@ -37,14 +37,12 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
 from specforge_outlets.studies.label_set_samples import LEARNED, LabelSetSamples  # noqa: E402

@@ -6,7 +6,6 @@ other serving studies share; its docstring says what it runs and how.
     .venv/bin/python benchmarks/serving_study_sharegpt.py    # ../shared needed once per workload
 """
 
-from specforge_outlets.studies.sharegpt_serving import *  # noqa: F401,F403  (predictor_ladder.py imports this as study)
 from specforge_outlets.studies.sharegpt_serving import main
 
 if __name__ == "__main__":
