@@ -28,16 +28,17 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from sharegpt_outlets import DRAFTS, PACKED, RECIPE
 
 from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.studies.committed_data import LABEL_SET
+from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
                                                            stop_reason)
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
 
-REPORT = os.path.join(PACKED, "convergence")  # curves.json and curves.png, committed
+REPORT = os.path.join(LABEL_SET, "convergence")  # curves.json and curves.png, committed
 POLL_S = 60.0  # seconds between looks for a new checkpoint while training
 VALIDATION_SHARE = 0.1  # of the train split's prompt groups
 # The method settings of the convergence runs: the recipe's, with censored responses trained

@@ -26,7 +26,6 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from specforge_outlets.studies.committed_data import LABEL_SET, SHAREGPT_PROMPTS, shared
-from sharegpt_outlets import NOISE_SEEDS
 
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.data.jsonl import iter_jsonl
@@ -38,6 +37,7 @@ from specforge_outlets.evaluation.predictions_file import iter_record
 from specforge_outlets.evaluation.report_file import recorded_path
 from specforge_outlets.evaluation.predictor import Prediction
 from specforge_outlets.evaluation.requests import Request, Split
+from specforge_outlets.studies.label_set_drafts import NOISE_SEEDS
 
 PACKED = LABEL_SET
 EVAL = os.path.join(PACKED, "eval")

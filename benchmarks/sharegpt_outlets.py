@@ -47,21 +47,16 @@ from specforge_outlets.data.sharded_regeneration import regenerate_sharded
 from specforge_outlets.evaluation.label_stats import first_turns, length_summary, noise_floor, plot_lengths, samples_by_prompt
 from specforge_outlets.evaluation.learning_curve import curve_points, plot_curve
 from specforge_outlets.evaluation.report_file import read_report
+from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECIPE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RECIPE = os.path.join(HERE, "..", "recipes", "smollm2-135m-cpu-outlets.yaml")
 PACKED = LABEL_SET
 FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-lengths.png")
 CURVE_FIGURE = os.path.join(HERE, "..", "docs", "figures", "sharegpt-smollm2-learning-curve.png")
-# Seeds of the extra samples of the noise subset; the main run samples with seed 0.
-NOISE_SEEDS = (1, 2, 3)
 # Test prompts given the NOISE_SEEDS samples: with the scored one, 4 samples on at least 250
 # prompts, so the floor and the ranking ceiling are measured on the rows the predictors are scored on.
 NOISE_PROMPTS = 256
 STAGES = ("prepare", "regenerate", "pack", "capture", "train", "eval", "curve")
-# The drafts trained on the full train split: OUTLETS and its two ablations (the method's lambda is
-# the recipe's; SD-only drops the length loss, LP-only the drafting loss).
-DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0",), "lp-only": ("outlets.sd_loss_weight=0",)}
 
 
 def step(done_marker: str, argv: Sequence[object]) -> None:
