@@ -13,7 +13,7 @@ the plugin's EAGLE-3 mode; its value at the prediction point is ``predicted_outp
 of several predictors (``outlets eval``'s ``predictions.jsonl.gz``) is read with the one to use
 named (``file_predictor``, ``--file-predictor``): its r̂₀ for ``file``, its trajectory for ``file-dynamic``.
 
-Distributions (issue 27): besides its point, a request can carry quantiles of its total output
+Distributions: besides its point, a request can carry quantiles of its total output
 length at the scheduling config's ``quantile_levels`` (:func:`predicted_quantiles`). ``noisy``: a
 log-normal centred on the noisy point with the noise's sigma (what the point's error says about the
 true length), so the distribution keys can be studied without a file. ``file``: the file's static
@@ -288,7 +288,7 @@ def _check_levels(path: str, found: Tuple[float, ...], levels: Sequence[float]) 
                            f"config's quantile_levels {list(levels)}; simulate with the file's levels")
 
 
-# --- the ladder's reference predictors (issue 35) ---------------------------------------------------
+# --- the ladder's reference predictors -------------------------------------------------------------
 # Rungs that bracket the learned predictors: what prediction is worth with no per-request information
 # (a constant, the same values shuffled across requests) and with the most a predictor of the prompt
 # alone could know (the per-prompt ceiling). A study places each learned predictor between them.
