@@ -12,6 +12,8 @@ SGLang's code, which must make the same decision.
 from __future__ import annotations
 
 import copy
+import inspect
+import os
 from array import array
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -112,16 +114,22 @@ def plugin_hooks(monkeypatch, settings: dict):
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang_patches import kv_admission, ordering, state
+    for name in [name for name in os.environ if name.startswith("OUTLETS_")]:  # left by another test's CLI parse
+        monkeypatch.delenv(name)
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     state.reset_settings()
+    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())  # nor lengths another test's batches recorded
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
-    offset, add_one_req = PrefillAdder._get_running_request_total_token_offset, PrefillAdder.add_one_req
+    # SGLang's own functions, unwrapped where another test applied the plugin's registry for good
+    # (its hooks would then run twice, and the peak round's bookkeeping count each request twice)
+    offset, add_one_req = (inspect.unwrap(PrefillAdder._get_running_request_total_token_offset),
+                           inspect.unwrap(PrefillAdder.add_one_req))
     monkeypatch.setattr(PrefillAdder, "_get_running_request_total_token_offset",
                         lambda self, req: kv_admission.running_token_offset_around(offset, self, req))
     monkeypatch.setattr(PrefillAdder, "add_one_req",
                         lambda self, req, *a, **k: kv_admission.add_one_req_around(add_one_req, self, req, *a, **k))
-    order = ScheduleBatch._get_decode_retraction_order
+    order = inspect.unwrap(ScheduleBatch._get_decode_retraction_order)
     monkeypatch.setattr(ScheduleBatch, "_get_decode_retraction_order",
                         staticmethod(lambda reqs: ordering.retraction_order_around(order, reqs)))
     yield
