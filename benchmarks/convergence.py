@@ -113,7 +113,7 @@ def train(args: argparse.Namespace) -> None:
     try:
         while process.poll() is None:
             time.sleep(POLL_S)
-            if evaluate_new(args, name, args.draft):
+            if evaluate_new(args, name, args.draft, args.until_step):
                 print(f"{name}: {read_curves(args)['drafts'][name]['stopped']}; stopping the run")
                 process.terminate()
                 process.wait()
@@ -123,14 +123,14 @@ def train(args: argparse.Namespace) -> None:
             process.terminate()
     if process.returncode != 0:
         raise SystemExit(f"outlets train exited with {process.returncode}; rerun to resume from the last checkpoint")
-    evaluate_new(args, name, args.draft)
+    evaluate_new(args, name, args.draft, args.until_step)
     entry = read_curves(args)["drafts"][name]
     if not entry["stopped"]:
         entry["stopped"] = f"budget of {args.budget} steps reached"
         write_entry(args, name, entry)
 
 
-def evaluate_new(args: argparse.Namespace, name: str, draft: str) -> bool:
+def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Optional[int] = None) -> bool:
     """Evaluate run ``name``'s doubling checkpoints that have no point yet; True once it should stop."""
     import torch
 
@@ -159,7 +159,7 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str) -> bool:
         entry["points"].append(checkpoint_point(step, validation, predictions, drafting, one_sided=True))
         entry["points"].sort(key=lambda point: point["step"])
         entry["stopped"] = entry["stopped"] or stop_reason(entry["points"], draft)
-        if args.until_step and step >= args.until_step:
+        if until_step and step >= until_step:
             entry["stopped"] = entry["stopped"] or f"stopped at step {step} (--until-step)"
         write_entry(args, name, entry)
         print(json.dumps(entry["points"][-1]))
