@@ -96,7 +96,7 @@ class RequestFactory:
         req.time_stats.wait_queue_entry_time = self.clock
         req.arrival_processed_tokens = self.count * 300
         req.outlets_arrival_time = self.clock
-        P.set_prediction(req, predicted, "external")
+        P.set_predicted_output_len(req, predicted, "external")
         return req
 
     def queue(self, n: int) -> list:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from sglang_patches import state
-from sglang_patches.predictions import fall_back_to_prior, prediction, set_prediction
+from sglang_patches.predictions import fall_back_to_prior, predicted_output_len, set_predicted_output_len
 from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY, parse_prediction, parse_quantiles
 from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
 from specforge_outlets.scheduling import SchedulingConfig, request_distribution
@@ -128,7 +128,7 @@ def assign_external_prediction(req, config: SchedulingConfig) -> bool:
     not predicted by a draft at all (neither), as a point prediction alone already was not. Quantiles
     without a point prediction give it as their median (the core's :class:`LengthDistribution`);
     a point prediction without quantiles is a point mass."""
-    if prediction(req) is not None:
+    if predicted_output_len(req) is not None:
         return True
     sampling_params = getattr(req, "sampling_params", None)
     try:
@@ -145,7 +145,7 @@ def assign_external_prediction(req, config: SchedulingConfig) -> bool:
         return False
     if value is None:
         value = request_distribution(None, totals, config).quantile(0.5)
-    set_prediction(req, value, "external", totals)
+    set_predicted_output_len(req, value, "external", totals)
     return True
 
 

@@ -6,7 +6,7 @@ and reads a JSON array with one object per data-parallel rank, summing each obje
 is, so power_of_two routes at random). With an OUTLETS policy this module serves it, with
 ``num_tokens`` = the rank's predicted remaining output tokens: the ``outlets_predicted_work`` its
 scheduler puts in each load snapshot (``routing.get_loads_around``: the sum over its running,
-waiting and PD-queued requests of ``predictions.remaining``, the quantity the data-parallel router
+waiting and PD-queued requests of ``predictions.predicted_remaining``, the quantity the data-parallel router
 balances). It is read in the HTTP process from SGLang's load-snapshot shared memory, the source of
 ``/v1/loads``, so a poll costs no round trip to the scheduler.
 

@@ -6,7 +6,7 @@ from itertools import compress
 from typing import List
 
 from sglang_patches import key_tables
-from sglang_patches.predictions import num_generated, predicted_quantiles, prediction, stamp_arrival
+from sglang_patches.predictions import num_generated, predicted_output_len, predicted_output_quantiles, stamp_arrival
 from specforge_outlets.scheduling import (
     OrderKey,
     RequestKeys,
@@ -30,7 +30,7 @@ class CachedOrderKeys(RequestKeys):
     small stand-ins (benchmarks/data/scheduler-overhead/server_check_sort_timing.json). The
     tail-safe order rewrites the merge keys of its long class, which move with time. Each order
     computes only the keys it reads (``key_tables.KeyTable``). Keys are dropped whenever they could change
-    (``key_tables.drop_order_keys``): a new prediction (``predictions.set_prediction``), and
+    (``key_tables.drop_order_keys``): a new prediction (``predictions.set_predicted_output_len``), and
     ``Req.reset_for_retract``, through which every request that ran goes back to a waiting queue
     (hook in ``ordering.py``). A request without keys (new, or dropped) gets them when an order first
     reads it.
@@ -95,16 +95,16 @@ class CachedOrderKeys(RequestKeys):
         # request's quantiles change only with a new prediction and its generated tokens only through a
         # retraction, and both drop its keys.
         if config.order_key is OrderKey.POINT:
-            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config)
+            key = sjf_sort_key(predicted_output_len(req), num_generated(req), stamp_arrival(req), config)
         else:
             prompt_len = request_prompt_len(req) if config.order_key is OrderKey.KV_FOOTPRINT else 0
-            key = sjf_sort_key(prediction(req), num_generated(req), stamp_arrival(req), config,
-                               predicted_quantiles(req), prompt_len)
+            key = sjf_sort_key(predicted_output_len(req), num_generated(req), stamp_arrival(req), config,
+                               predicted_output_quantiles(req), prompt_len)
         self._table.sjf[req] = key
 
     def _compute_tail_safe(self, req) -> None:
         config, table = self.config, self._table
-        quantiles = None if config.long_class_quantile is None else predicted_quantiles(req)
-        table.long[req] = is_predicted_long(prediction(req), num_generated(req), config, quantiles)
+        quantiles = None if config.long_class_quantile is None else predicted_output_quantiles(req)
+        table.long[req] = is_predicted_long(predicted_output_len(req), num_generated(req), config, quantiles)
         arrival = table.arrival[req] = stamp_arrival(req)
         table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order

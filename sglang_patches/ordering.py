@@ -78,7 +78,7 @@ def retraction_order_around(original, reqs):
         return original(reqs)
     config = state.settings().scheduling
     # Most preferred to keep first; SGLang's loop retracts from the end.
-    keys = [retraction_order_key(P.prediction(req), P.num_generated(req), P.arrival_time(req),
+    keys = [retraction_order_key(P.predicted_output_len(req), P.num_generated(req), P.arrival_time(req),
                                  getattr(req, "retraction_count", 0), config) for req in reqs]
     return sorted(range(len(reqs)), key=keys.__getitem__)
 

@@ -47,7 +47,7 @@ _warned_levels = False
 
 def sent_prediction(req) -> float:
     """What the prefill instance writes for ``req``: its own prediction, or :data:`NO_PREDICTION`."""
-    value = P.prediction(req)
+    value = P.predicted_output_len(req)
     if value is None or P.prediction_source(req) == "prior" or not math.isfinite(value) or value < 0:
         return NO_PREDICTION
     return max(float(value), SMALLEST_SENT)
@@ -55,7 +55,7 @@ def sent_prediction(req) -> float:
 
 def sent_quantiles(req):
     """The quantiles the prefill instance writes for ``req`` beside its prediction: ``(levels, quantiles)``, or None."""
-    quantiles = P.predicted_quantiles(req)
+    quantiles = P.predicted_output_quantiles(req)
     if quantiles is None or sent_prediction(req) == NO_PREDICTION or len(quantiles) > MAX_SENT_QUANTILES:
         return None
     levels = state.settings().scheduling.quantile_levels
@@ -104,7 +104,7 @@ def receive_prediction(req, value: float, config, quantiles=None) -> None:
     if assign_external_prediction(req, config):
         return  # the request carried its own (or was already predicted: a re-bootstrap keeps its first)
     if math.isfinite(value) and value > 0:
-        P.set_prediction(req, value, SOURCE, quantiles)
+        P.set_predicted_output_len(req, value, SOURCE, quantiles)
         return
     # Unpredicted, as a request without a prediction on a single server: every reader uses the prior.
     state.metrics().transfer_without_prediction()

@@ -23,18 +23,19 @@ from sglang_patches.settings import (
     REMAINING_META_KEY,
     REMAINING_QUANTILES_META_KEY,
 )
-from specforge_outlets.scheduling import SchedulingConfig, predicted_remaining
+from specforge_outlets import scheduling
+from specforge_outlets.scheduling import SchedulingConfig
 
 logger = logging.getLogger("sglang_patches")
 
-ATTR_PREDICTION = "outlets_predicted_output_len"  # float, or None until predicted
+ATTR_PREDICTED_OUTPUT_LEN = "outlets_predicted_output_len"  # float, or None until predicted
 ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prefill" (PD transfer), "prior" (fallback)
 ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
-# (config, tokens generated, predicted remaining): remaining(), for the requests routing and KV admission read
-ATTR_REMAINING = "outlets_predicted_remaining"
+# (config, tokens generated, predicted remaining): predicted_remaining(), for the requests routing and KV admission read
+ATTR_PREDICTED_REMAINING = "outlets_predicted_remaining"
 # tuple of the TOTAL output length's quantiles at the config's quantile_levels, or None: a point mass at the
 # prediction. Set with the prediction and from the same source (the request's own, the draft, the prefill).
-ATTR_QUANTILES = "outlets_predicted_output_quantiles"
+ATTR_PREDICTED_OUTPUT_QUANTILES = "outlets_predicted_output_quantiles"
 # Smallest total-length quantile kept: a draft may predict 0 remaining at prefill, the core's distributions need > 0
 MIN_QUANTILE = 1e-3
 
@@ -72,8 +73,9 @@ def arrival_time(req) -> float:
     return time.monotonic() if value is None else value
 
 
-def prediction(req) -> Optional[float]:
-    return getattr(req, ATTR_PREDICTION, None)
+def predicted_output_len(req) -> Optional[float]:
+    """The request's predicted total output length (r̂_0, or t - 1 + r̂_t once re-predicted); None until predicted."""
+    return getattr(req, ATTR_PREDICTED_OUTPUT_LEN, None)
 
 
 def prediction_source(req) -> Optional[str]:
@@ -86,17 +88,17 @@ def is_external(req) -> bool:
     return getattr(req, ATTR_SOURCE, None) == "external"
 
 
-def predicted_quantiles(req) -> Optional[Tuple[float, ...]]:
-    """The request's total-length quantiles at the config's levels; None: a point mass at :func:`prediction`."""
-    return getattr(req, ATTR_QUANTILES, None)
+def predicted_output_quantiles(req) -> Optional[Tuple[float, ...]]:
+    """The request's total-length quantiles at the config's levels; None: a point mass at :func:`predicted_output_len`."""
+    return getattr(req, ATTR_PREDICTED_OUTPUT_QUANTILES, None)
 
 
-def set_prediction(req, value: float, source: str, quantiles: Optional[Sequence[float]] = None) -> None:
+def set_predicted_output_len(req, value: float, source: str, quantiles: Optional[Sequence[float]] = None) -> None:
     """r̂_0: the request's predicted output length, reported as ``predicted_output_len``, and, when the source
     gives them, the quantiles of that length (``predicted_output_quantiles``); a prediction without
     quantiles replaces earlier ones (the request is a point mass at ``value`` again)."""
     totals = None if quantiles is None else _total_quantiles(quantiles)
-    _predict_total(req, value, source, totals)
+    _store_predicted_output_len(req, value, source, totals)
     report(req, META_INFO_KEY, value)
     if totals is not None:
         report(req, QUANTILES_META_KEY, totals)
@@ -112,45 +114,46 @@ def _total_quantiles(values: Sequence[float]) -> Tuple[float, ...]:
     return tuple(totals)
 
 
-def set_remaining_estimate(req, estimate: float, output_len: int,
-                           remaining_quantiles: Optional[Sequence[float]] = None) -> None:
+def set_predicted_remaining(req, value: float, output_len: int,
+                            remaining_quantiles: Optional[Sequence[float]] = None) -> None:
     """r̂_t from the running EAGLE-3 draft, read at the ``output_len``-th output token.
 
-    The head's estimate at a token counts that token (the labels are L, L-1, ..., 1 from the first
+    ``value`` is the predicted remaining output tokens (the head's ``log_remaining``, in tokens). The head's
+    value at a token counts that token (the labels are L, L-1, ..., 1 from the first
     response token on: ``specforge_outlets.data.labels``), so the request is predicted to end after
-    ``output_len - 1 + estimate`` tokens. That total replaces the prediction every reader uses (the
+    ``output_len - 1 + value`` tokens. That total replaces the prediction every reader uses (the
     order keys, retraction, KV admission, routing), so each falls by one per token generated until
-    the next estimate; the first estimate (``output_len == 1``, at prefill) is r̂_0 itself.
+    the next value; the first (``output_len == 1``, at prefill) is r̂_0 itself.
 
     ``remaining_quantiles`` (the draft's quantile head, read on the same state) are stored the same
     way, as total-length quantiles ``output_len - 1 + r_q``, and reported as the remaining-length
     quantiles after ``output_len`` tokens (``predicted_remaining_quantiles``).
     """
     offset = output_len - 1
-    total = offset + float(estimate)
-    totals = None if remaining_quantiles is None else [offset + float(value) for value in remaining_quantiles]
+    total = offset + float(value)
+    totals = None if remaining_quantiles is None else [offset + float(quantile) for quantile in remaining_quantiles]
     if output_len <= 1:
-        set_prediction(req, total, "draft", totals)
+        set_predicted_output_len(req, total, "draft", totals)
         return
     totals = None if totals is None else _total_quantiles(totals)
-    _predict_total(req, total, "draft", totals)
+    _store_predicted_output_len(req, total, "draft", totals)
     report(req, REMAINING_META_KEY, max(total - output_len, 0.0), at_output=offset)
     report(req, REMAINING_AFTER_META_KEY, output_len, at_output=offset)
     if totals is not None:
         report(req, REMAINING_QUANTILES_META_KEY, [max(value - output_len, 0.0) for value in totals], at_output=offset)
 
 
-def _predict_total(req, value: float, source: str, totals: Optional[Tuple[float, ...]] = None) -> None:
-    setattr(req, ATTR_PREDICTION, float(value))
-    setattr(req, ATTR_QUANTILES, totals)
-    setattr(req, ATTR_REMAINING, None)
+def _store_predicted_output_len(req, value: float, source: str, totals: Optional[Tuple[float, ...]] = None) -> None:
+    setattr(req, ATTR_PREDICTED_OUTPUT_LEN, float(value))
+    setattr(req, ATTR_PREDICTED_OUTPUT_QUANTILES, totals)
+    setattr(req, ATTR_PREDICTED_REMAINING, None)
     drop_order_keys(req)
     setattr(req, ATTR_SOURCE, source)
 
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
     FALLBACKS.record(getattr(req, "rid", "?"), reason)
-    set_prediction(req, config.prior_output_len, "prior")
+    set_predicted_output_len(req, config.prior_output_len, "prior")
 
 
 def num_generated(req) -> int:
@@ -158,12 +161,12 @@ def num_generated(req) -> int:
     return len(output_ids) if output_ids is not None else 0
 
 
-def remaining(req, config: SchedulingConfig) -> float:
+def predicted_remaining(req, config: SchedulingConfig) -> float:
     """Predicted remaining output tokens, cached on the request until it generates a token or is re-predicted."""
-    cached = getattr(req, ATTR_REMAINING, None)
+    cached = getattr(req, ATTR_PREDICTED_REMAINING, None)
     generated = num_generated(req)
     if cached is not None and cached[0] is config and cached[1] == generated:
         return cached[2]
-    value = predicted_remaining(prediction(req), generated, config.prior_output_len)
-    setattr(req, ATTR_REMAINING, (config, generated, value))
+    value = scheduling.predicted_remaining(predicted_output_len(req), generated, config.prior_output_len)
+    setattr(req, ATTR_PREDICTED_REMAINING, (config, generated, value))
     return value

@@ -125,7 +125,7 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
     except Exception as error:  # never let the predictor break the batch
         config = state.settings().scheduling
         for req in getattr(batch, "reqs", []) or []:
-            if P.prediction(req) is None and not getattr(req, "output_ids", None):
+            if P.predicted_output_len(req) is None and not getattr(req, "output_ids", None):
                 P.fall_back_to_prior(req, config, f"predictor error: {error!r}")
     return result
 
@@ -142,7 +142,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
     for index, req in enumerate(batch.reqs):
         length = int(extend_lens[index])
         start, offset = offset, offset + length
-        if P.prediction(req) is not None or getattr(req, "output_ids", None):
+        if P.predicted_output_len(req) is not None or getattr(req, "output_ids", None):
             continue  # predicted already, or a decode step in a mixed batch
         features: Optional[list] = getattr(req, ATTR_FEATURES, None)
         if features is None or prefix_lens[index] == 0:  # a prefill from the start, or restarted after a reset
@@ -178,7 +178,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         elif quantiles is not None and not all(map(math.isfinite, quantiles)):
             P.fall_back_to_prior(req, config, f"quantiles are not finite ({quantiles})")
         else:
-            P.set_prediction(req, value, "draft", quantiles)
+            P.set_predicted_output_len(req, value, "draft", quantiles)
 
 
 def prompt_outputs(fused_features, prompt, first_token):

@@ -58,7 +58,7 @@ def get_loads_around(original, self):
     try:
         config = state.settings().scheduling
         requests = rank_requests(self)
-        work = sum(P.remaining(req, config) for req in requests)
+        work = sum(P.predicted_remaining(req, config) for req in requests)
         import msgspec.structs
 
         fields = msgspec.structs.asdict(snapshot)
@@ -187,10 +187,10 @@ def controller_init_after(result, self, *args, **kwargs):
         if self.maybe_external_dp_rank_routing(req):
             return
         try:
-            predicted = external_prediction(getattr(req, "sampling_params", None))
+            predicted_output_len = external_prediction(getattr(req, "sampling_params", None))
         except (TypeError, ValueError):
-            predicted = None  # the scheduler records the fallback
-        rank = self.outlets_budget.choose(predicted, active=getattr(self, "_active_workers", None) or None)
+            predicted_output_len = None  # the scheduler records the fallback
+        rank = self.outlets_budget.choose(predicted_output_len, active=getattr(self, "_active_workers", None) or None)
         data_parallel_controller.sock_send(self.workers[rank], req)
 
     self.refresh_load_budget = refresh_load_budget

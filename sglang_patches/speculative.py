@@ -10,7 +10,7 @@ draft forward) and its output travels back with the step's result through SGLang
 channel (``LogitsProcessorOutput.auxiliary_device_output``): the result's own device-to-host copy
 carries it, so the decode step gains no synchronisation. When SGLang commits the step's tokens
 to the requests (``HostAuxiliaryOutput.consume``), each estimate becomes the request's prediction
-(``predictions.set_remaining_estimate``), which the waiting-queue order, the retraction order, KV
+(``predictions.set_predicted_remaining``), which the waiting-queue order, the retraction order, KV
 admission and routing read. A draft exported with a quantile head (``outlets_config.quantile_levels``)
 is read on the same state at the same time: its remaining-length quantiles travel beside the estimate
 and are stored as total-length quantiles (generated + remaining), re-read after every verify step.
@@ -36,8 +36,8 @@ ATTR_DRAFT = "outlets_length_draft"  # on the worker: our draft model, or None w
 
 
 class DraftLengthEstimates:
-    """One step's z = log(1 + estimate) per request, and with a quantile head its z quantiles, on the device
-    (SGLang's ``DeviceAuxiliaryOutput``)."""
+    """One step's ``log_remaining`` (z = log(1 + predicted remaining tokens)) per request, and with a quantile
+    head its z quantiles, on the device (SGLang's ``DeviceAuxiliaryOutput``)."""
 
     def __init__(self, log_remaining, log_quantiles=None) -> None:
         self.log_remaining = log_remaining  # [B] float32, rows in batch.reqs order
@@ -58,19 +58,19 @@ class HostDraftLengthEstimates:
     def consume(self, batch, commits) -> None:
         import torch
 
-        estimates = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()
+        predicted_remaining = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()  # tokens, r̂_t
         if self.log_quantiles is None:
-            quantiles = [None] * len(estimates)
+            quantiles = [None] * len(predicted_remaining)
         else:
             quantiles = torch.expm1(self.log_quantiles.float()).clamp_min(0.0).tolist()
         config = state.settings().scheduling
-        for req, commit, estimate, row in zip(batch.reqs, commits, estimates, quantiles, strict=True):
+        for req, commit, value, row in zip(batch.reqs, commits, predicted_remaining, quantiles, strict=True):
             if commit is None or req.finished() or P.is_external(req):
                 continue  # a prefill chunk with more to come, nothing left to predict, or the client's prediction
-            if not math.isfinite(estimate) or (row is not None and not all(map(math.isfinite, row))):
-                _fall_back(req, config, f"draft length estimate is not finite ({estimate}, quantiles {row})")
+            if not math.isfinite(value) or (row is not None and not all(map(math.isfinite, row))):
+                _fall_back(req, config, f"draft length estimate is not finite ({value}, quantiles {row})")
                 continue
-            P.set_remaining_estimate(req, estimate, commit.output_index + len(commit.token_ids), row)
+            P.set_predicted_remaining(req, value, commit.output_index + len(commit.token_ids), row)
 
 
 def worker_init_after(result, self, *args, **kwargs):
@@ -122,7 +122,7 @@ def forward_batch_generation_around(original, self, batch, *args, **kwargs):
 
 def _fall_back(req, config, reason: str) -> None:
     """No estimate this step: the request keeps its last prediction, or gets the prior if it has none."""
-    if P.prediction(req) is None:
+    if P.predicted_output_len(req) is None:
         P.fall_back_to_prior(req, config, reason)
     else:
         P.FALLBACKS.record(req.rid, reason, using="its last prediction")

@@ -45,7 +45,7 @@ def sglang_req(rid, prompt_len, generated=0, predicted=None):
     req.__dict__.update(rid=rid, origin_input_ids=[1] * prompt_len, output_ids=[2] * generated,
                         customized_info=None, sampling_params=SimpleNamespace(custom_params=None))
     if predicted is not None:
-        P.set_prediction(req, predicted, "external")
+        P.set_predicted_output_len(req, predicted, "external")
     return req
 
 

@@ -52,10 +52,10 @@ def metadata_row(monkeypatch):
     return MetadataBuffers(4, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=1)
 
 
-def prefill_req(index: int, prediction=None, source="draft"):
+def prefill_req(index: int, predicted_output_len=None, source="draft"):
     req = StandInReq(rid=f"r{index}", metadata_buffer_index=index)
-    if prediction is not None:
-        P.set_prediction(req, prediction, source)
+    if predicted_output_len is not None:
+        P.set_predicted_output_len(req, predicted_output_len, source)
     return req
 
 
@@ -73,16 +73,16 @@ def test_the_prefills_prediction_rides_the_metadata_row_and_a_missing_one_is_wri
     queue = SimpleNamespace(metadata_buffers=metadata_row)
     arrived = StandInReq(rid="d0", finished_reason=None, sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=arrived, metadata_buffer_index=0))
-    assert (P.prediction(arrived), P.prediction_source(arrived)) == (123.5, "prefill")
+    assert (P.predicted_output_len(arrived), P.prediction_source(arrived)) == (123.5, "prefill")
     aborted = StandInReq(rid="d1", finished_reason="abort", sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=aborted, metadata_buffer_index=0))
-    assert P.prediction(aborted) is None
+    assert P.predicted_output_len(aborted) is None
     from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
 
     health_check = StandInReq(rid="HEALTH_CHECK_1", finished_reason=None, sampling_params=None, output_ids=[],
                                    bootstrap_host=FAKE_BOOTSTRAP_HOST)  # no prefill behind it: nothing to read
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=health_check, metadata_buffer_index=0))
-    assert P.prediction(health_check) is None
+    assert P.predicted_output_len(health_check) is None
 
 
 def test_the_decode_takes_the_requests_own_prediction_then_the_prefills_then_the_prior(monkeypatch):
@@ -95,19 +95,19 @@ def test_the_decode_takes_the_requests_own_prediction_then_the_prefills_then_the
 
     req = decode_req()
     pd_transfer.receive_prediction(req, 123.5, config)
-    assert (P.prediction(req), P.prediction_source(req)) == (123.5, "prefill") and not counted
+    assert (P.predicted_output_len(req), P.prediction_source(req)) == (123.5, "prefill") and not counted
     own = decode_req({"outlets_predicted_output_len": 9})
     pd_transfer.receive_prediction(own, 123.5, config)
-    assert (P.prediction(own), P.prediction_source(own)) == (9.0, "external")
+    assert (P.predicted_output_len(own), P.prediction_source(own)) == (9.0, "external")
     for missing in (0.0, float("nan"), -4.0):
         req = decode_req()
         pd_transfer.receive_prediction(req, missing, config)
-        assert P.prediction(req) is None and P.remaining(req, config) == PRIOR  # scheduled on the prior
+        assert P.predicted_output_len(req) is None and P.predicted_remaining(req, config) == PRIOR  # scheduled on the prior
     assert len(counted) == 3
     rebootstrapped = decode_req()  # a PD re-bootstrap commits again: the first prediction stays
     pd_transfer.receive_prediction(rebootstrapped, 50.0, config)
     pd_transfer.receive_prediction(rebootstrapped, 80.0, config)
-    assert P.prediction(rebootstrapped) == 50.0
+    assert P.predicted_output_len(rebootstrapped) == 50.0
 
 
 # --- real processes: 1 prefill + 2 decode behind the router -------------------------------------

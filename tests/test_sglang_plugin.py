@@ -218,7 +218,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
             queue.insert(rng.choice([len(queue), 0]), new)  # SGLang appends; a yielded prefill goes first
         for req in rng.sample(queue, k=min(4, len(queue))):
             if rng.random() < 0.5:  # a prediction arrives while the request waits
-                P.set_prediction(req, rng.uniform(1, 3000), "draft")
+                P.set_predicted_output_len(req, rng.uniform(1, 3000), "draft")
             else:  # admitted, ran, retracted (SGLang's own reset), back in the queue with more tokens
                 queue.remove(req)
                 req.output_ids.extend([0] * rng.randint(1, 900))
@@ -282,16 +282,16 @@ def test_aging_bound_holds_in_the_plugins_order(plugins_loaded, monkeypatch):
 def test_external_prediction_and_fallback_counter(plugins_loaded):
     config = read_settings().scheduling
     ok = request("ok", custom={"outlets_predicted_output_len": 12})
-    assert assign_external_prediction(ok, config) and P.prediction(ok) == 12.0
+    assert assign_external_prediction(ok, config) and P.predicted_output_len(ok) == 12.0
     assert ok.customized_info == {"predicted_output_len": [12.0]}
     before = P.FALLBACKS.count
     for bad in ("x", float("nan"), -1, True):
         req = request("bad", custom={"outlets_predicted_output_len": bad})
         assert assign_external_prediction(req, config)
-        assert P.prediction(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
+        assert P.predicted_output_len(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
     assert P.FALLBACKS.count == before + 4
     none = request("none", custom={"other": 1})
-    assert not assign_external_prediction(none, config) and P.prediction(none) is None
+    assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None
 
 
 # --- retraction, meta_info, load snapshots, routing ----------------------------------------------------
@@ -355,9 +355,9 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     config = state.settings().scheduling
     a, b = decoding("a", 0), decoding("b", 0)
     step_estimates([a, b], [40.0, 900.0], new_tokens=[1, 1])  # prefill: r̂_0, read at the first token
-    assert (P.prediction(a), P.prediction(b)) == pytest.approx((40.0, 900.0))
+    assert (P.predicted_output_len(a), P.predicted_output_len(b)) == pytest.approx((40.0, 900.0))
     assert a.customized_info["predicted_output_len"] == [40.0]
-    assert P.remaining(b, config) == pytest.approx(899.0)
+    assert P.predicted_remaining(b, config) == pytest.approx(899.0)
     assert [[a, b][i].rid for i in ScheduleBatch._get_decode_retraction_order([a, b])] == ["a", "b"]  # b goes first
     for req in (a, b):
         req.sampling_params = SimpleNamespace(max_new_tokens=2000, ignore_eos=False, custom_params=None)
@@ -368,8 +368,8 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
 
     # a verify step: a accepted 2 tokens (3 generated), b 1 (2 generated); the draft now expects b to end soon
     step_estimates([a, b], [120.0, 5.0], new_tokens=[2, 1])
-    assert P.prediction(a) == pytest.approx(2 + 120.0) and P.remaining(a, config) == pytest.approx(119.0)
-    assert P.prediction(b) == pytest.approx(1 + 5.0) and P.remaining(b, config) == pytest.approx(4.0)
+    assert P.predicted_output_len(a) == pytest.approx(2 + 120.0) and P.predicted_remaining(a, config) == pytest.approx(119.0)
+    assert P.predicted_output_len(b) == pytest.approx(1 + 5.0) and P.predicted_remaining(b, config) == pytest.approx(4.0)
     assert [[a, b][i].rid for i in ScheduleBatch._get_decode_retraction_order([a, b])] == ["b", "a"]
     assert offset(None, b) == pytest.approx(4, abs=1)
     assert a.customized_info["predicted_output_len"] == [40.0]  # r̂_0 is kept; the estimate sits at its token
@@ -387,12 +387,12 @@ def test_a_step_without_new_tokens_a_finished_request_or_a_clients_prediction_ke
     chunked, done, bad = decoding("chunked", 0), decoding("done", 4), decoding("bad", 4)
     client = decoding("client", 0, predicted=80.0)  # custom_params: precedence over the draft
     for req, value in ((done, 50.0), (bad, 60.0)):
-        P.set_prediction(req, value, "draft")
+        P.set_predicted_output_len(req, value, "draft")
     done.finished = lambda: True
     before = P.FALLBACKS.count
     step_estimates([chunked, done, bad, client], [10.0, 10.0, float("inf"), 10.0], new_tokens=[0, 1, 1, 1])
-    assert P.prediction(chunked) is None  # a prefill chunk with more to come: no token, no estimate
-    assert P.prediction(done) == 50.0 and P.prediction(bad) == 60.0 and P.prediction(client) == 80.0
+    assert P.predicted_output_len(chunked) is None  # a prefill chunk with more to come: no token, no estimate
+    assert [P.predicted_output_len(req) for req in (done, bad, client)] == [50.0, 60.0, 80.0]
     assert P.FALLBACKS.count == before + 1  # the non-finite estimate, counted and logged
 
 
@@ -409,8 +409,8 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
     result = SimpleNamespace(next_draft_input=SimpleNamespace(hidden_states=torch.zeros(2, 4)),
                              logits_output=SimpleNamespace(auxiliary_device_output=None))
     assert speculative.forward_batch_generation_around(lambda self, b: result, worker, batch) is result
-    assert P.prediction(fresh) == state.settings().scheduling.prior_output_len
-    assert P.prediction(running) == 70.0
+    assert P.predicted_output_len(fresh) == state.settings().scheduling.prior_output_len
+    assert P.predicted_output_len(running) == 70.0
     assert result.logits_output.auxiliary_device_output is None
     worker.speculative_num_steps = 0  # drafting off at this batch size: the states may be stubs, nothing is read
     before = P.FALLBACKS.count

@@ -179,16 +179,16 @@ def test_client_quantiles_in_custom_params_or_labels_reach_the_request(plugins_l
     assert labelled.custom_labels == {"team": "a"}
     for obj in (direct, labelled):
         req = scheduled(obj.sampling_params, config)
-        assert P.predicted_quantiles(req) == (10.0, 20.0, 40.0, 80.0, 160.0)
+        assert P.predicted_output_quantiles(req) == (10.0, 20.0, 40.0, 80.0, 160.0)
         # without a point prediction, the point is their median (the level 0.5 here)
-        assert P.prediction(req) == pytest.approx(40.0) and P.prediction_source(req) == "external"
+        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction_source(req) == "external"
         assert req.customized_info["predicted_output_quantiles"] == [[10.0, 20.0, 40.0, 80.0, 160.0]]
     both = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30,
                                                        QUANTILES_PARAM_KEY: "[10, 20, 40, 80, 160]"}}).sampling_params,
                      config)
-    assert (P.prediction(both), P.predicted_quantiles(both)) == (30.0, (10.0, 20.0, 40.0, 80.0, 160.0))
+    assert (P.predicted_output_len(both), P.predicted_output_quantiles(both)) == (30.0, (10.0, 20.0, 40.0, 80.0, 160.0))
     point = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30}}).sampling_params, config)
-    assert (P.prediction(point), P.predicted_quantiles(point)) == (30.0, None)  # a point mass
+    assert (P.predicted_output_len(point), P.predicted_output_quantiles(point)) == (30.0, None)  # a point mass
     assert not assign_external_prediction(request("none"), config)
 
 
@@ -215,7 +215,7 @@ def test_malformed_client_quantiles_are_refused_naming_the_request(plugins_loade
     before = P.FALLBACKS.count
     req = request("bad", custom={QUANTILES_PARAM_KEY: value})
     assert assign_external_prediction(req, SchedulingConfig())
-    assert P.prediction_source(req) == "prior" and P.predicted_quantiles(req) is None
+    assert P.prediction_source(req) == "prior" and P.predicted_output_quantiles(req) is None
     assert P.FALLBACKS.count == before + 1
 
 
@@ -309,7 +309,7 @@ def test_cached_distribution_keys_order_as_keys_read_afresh_over_many_rounds(plu
         for req in rng.sample(queue, k=min(3, len(queue))):
             if rng.random() < 0.5:  # a new prediction with (or without) new quantiles while it waits
                 q = quantiles()
-                P.set_prediction(req, rng.uniform(1, 900) if q is None else q[2], "draft", q)
+                P.set_predicted_output_len(req, rng.uniform(1, 900) if q is None else q[2], "draft", q)
             else:  # admitted, ran, retracted (SGLang's own reset), back with more tokens
                 queue.remove(req)
                 req.output_ids.extend([0] * rng.randint(1, 300))
@@ -333,7 +333,7 @@ def test_a_distribution_key_is_computed_once_per_stay(plugins_loaded, monkeypatc
     for _ in range(3):
         ordering.sort_waiting(queue, config)
     assert len(calls) == 50
-    P.set_prediction(queue[7], 5.0, "draft", (1.0, 2.0, 5.0, 9.0, 30.0))  # a new distribution: new key, one call
+    P.set_predicted_output_len(queue[7], 5.0, "draft", (1.0, 2.0, 5.0, 9.0, 30.0))  # a new distribution: new key, one call
     ordering.sort_waiting(queue, config)
     assert len(calls) == 51 and queue[0].rid == "7"
 
@@ -415,25 +415,25 @@ def test_eagle3_quantiles_are_re_read_after_each_verify_step_and_refresh_the_key
     a, b = request("a"), request("b")
     step([a, b], [40.0, 40.0], [[2.0, 5.0, 40.0, 60.0, 900.0], [30.0, 35.0, 40.0, 45.0, 50.0]], new_tokens=[1, 1])
     # prefill: total quantiles = the remaining ones (the estimate counts the first token), reported beside r̂_0
-    assert P.predicted_quantiles(a) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0), rel=1e-5)
+    assert P.predicted_output_quantiles(a) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0), rel=1e-5)
     assert a.customized_info["predicted_output_quantiles"][0] == pytest.approx([2.0, 5.0, 40.0, 60.0, 900.0])
     keys = order_keys.CachedOrderKeys(config)
     assert admission_order([b, a], QueuePolicy.SJF, config, keys=keys) == [a, b]  # a likely-short tail first
     # a verify step: a accepted 2 tokens (3 generated) and now looks long for sure; b 1 token (2 generated)
     step([a, b], [300.0, 10.0], [[290.0, 295.0, 300.0, 305.0, 310.0], [1.0, 2.0, 10.0, 20.0, 400.0]], new_tokens=[2, 1])
-    assert P.predicted_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)  # 2 + r_q
-    assert P.predicted_quantiles(b) == pytest.approx((2.0, 3.0, 11.0, 21.0, 401.0), rel=1e-5)
+    assert P.predicted_output_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)  # 2 + r_q
+    assert P.predicted_output_quantiles(b) == pytest.approx((2.0, 3.0, 11.0, 21.0, 401.0), rel=1e-5)
     assert a.customized_info["predicted_remaining_quantiles"][2] == pytest.approx([289.0, 294.0, 299.0, 304.0, 309.0],
                                                                                    abs=2e-3)
     assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [b, a]  # the new quantiles, not the old keys
     # a draft whose quantiles come back not finite: the request keeps its last prediction and quantiles
     before = P.FALLBACKS.count
     step([a], [5.0], [[1.0, 2.0, 3.0, float("inf"), float("inf")]], new_tokens=[1])
-    assert P.predicted_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)
+    assert P.predicted_output_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)
     assert P.FALLBACKS.count == before + 1
     client = request("client", 80.0, (10.0, 20.0, 80.0, 90.0, 99.0))  # the client's prediction wins
     step([client], [5.0], [[1.0, 2.0, 3.0, 4.0, 5.0]], new_tokens=[1])
-    assert P.predicted_quantiles(client) == (10.0, 20.0, 80.0, 90.0, 99.0)
+    assert P.predicted_output_quantiles(client) == (10.0, 20.0, 80.0, 90.0, 99.0)
 
 
 def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugins_loaded, monkeypatch):
@@ -443,9 +443,9 @@ def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugi
     monkeypatch.setattr(state, "plugin_active", lambda: True)
     buffers = MetadataBuffers(3, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=1)
     sent = StandInReq(rid="p0", metadata_buffer_index=0)
-    P.set_prediction(sent, 40.0, "draft", (2.0, 5.0, 40.0, 60.0, 900.0))
+    P.set_predicted_output_len(sent, 40.0, "draft", (2.0, 5.0, 40.0, 60.0, 900.0))
     point = StandInReq(rid="p1", metadata_buffer_index=1)
-    P.set_prediction(point, 40.0, "draft")
+    P.set_predicted_output_len(point, 40.0, "draft")
     for req in (sent, point):
         pd_transfer.set_buf_after(None, buffers, req)
     row = buffers.output_token_logprobs_val[0].tolist()
@@ -460,10 +460,10 @@ def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugi
         return req
 
     received = arrive(0)
-    assert (P.prediction(received), P.prediction_source(received)) == (40.0, "prefill")
-    assert P.predicted_quantiles(received) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0))
-    assert P.predicted_quantiles(arrive(1)) is None and P.prediction(arrive(1)) == 40.0
+    assert (P.predicted_output_len(received), P.prediction_source(received)) == (40.0, "prefill")
+    assert P.predicted_output_quantiles(received) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0))
+    assert P.predicted_output_quantiles(arrive(1)) is None and P.predicted_output_len(arrive(1)) == 40.0
     use_env(monkeypatch, **{ENV_QUANTILE_LEVELS: "0.1,0.5,0.9"})  # a decode at other levels keeps the point only
     other = arrive(0)
-    assert P.prediction(other) == 40.0 and P.predicted_quantiles(other) is None
+    assert P.predicted_output_len(other) == 40.0 and P.predicted_output_quantiles(other) is None
     assert math.isclose(pd_transfer.MAX_SENT_QUANTILES, 6)

@@ -23,7 +23,7 @@ def request(rid, predicted=None, quantiles=None, arrival=0.0, generated=0, custo
     req.outlets_arrival_time = arrival
     req.finished = lambda: False
     if predicted is not None:
-        P.set_prediction(req, predicted, "external", quantiles)
+        P.set_predicted_output_len(req, predicted, "external", quantiles)
     return req
 
 
@@ -52,5 +52,5 @@ class FreshView:
 
 def fresh_view(req) -> FreshView:
     """What the order's keys read of ``req`` now."""
-    return FreshView(req.rid, req.outlets_arrival_time, P.prediction(req), len(req.output_ids),
-                     P.predicted_quantiles(req), len(req.origin_input_ids))
+    return FreshView(req.rid, req.outlets_arrival_time, P.predicted_output_len(req), len(req.output_ids),
+                     P.predicted_output_quantiles(req), len(req.origin_input_ids))
