@@ -92,7 +92,7 @@ def sglang_req(held: Held):
 
     setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
     if held.predicted is not None:
-        predictions.set_prediction(req, held.predicted, "external")
+        predictions.set_predicted_output_len(req, held.predicted, "external")
     return req
 
 
@@ -205,7 +205,7 @@ def sglang_retraction(pools, running: List[Held], capacity: int = CAPACITY) -> T
 def held_of(engine: EngineInstance, request) -> Held:
     generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
     return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request),
-                request.predicted_at(generated), request.arrival_time, request.retractions)
+                request.predicted_output_len_at(generated), request.arrival_time, request.retractions)
 
 
 def pop_order(queue, now: float) -> list:

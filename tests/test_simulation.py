@@ -455,14 +455,14 @@ def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
     from specforge_outlets.simulation.engine import SimRequest
 
     request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
-    assert request.predicted_at(3) is None  # not revealed yet: the prediction point has not come
-    request.predicted_output_len = request.prediction
-    assert request.predicted_at(0) == 50.0  # no token yet: the prediction made at the prediction point
-    assert request.predicted_at(1) == 50.0 and request.predicted_at(2) == 1 + 20.0 and request.predicted_at(3) == 2 + 4.0
-    assert request.predicted_at(9) == 2 + 4.0  # past the trajectory: its last estimate
+    assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
+    request.predicted_output_len = request.unrevealed_predicted_output_len
+    assert request.predicted_output_len_at(0) == 50.0  # no token yet: the prediction made at the prediction point
+    assert [request.predicted_output_len_at(k) for k in (1, 2, 3)] == [50.0, 1 + 20.0, 2 + 4.0]
+    assert request.predicted_output_len_at(9) == 2 + 4.0  # past the trajectory: its last estimate
     static = SimRequest(1, 0.0, 10, 6, 50.0, 0)
     static.predicted_output_len = 50.0
-    assert static.predicted_at(3) == 50.0
+    assert static.predicted_output_len_at(3) == 50.0
 
 
 def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps):
@@ -495,7 +495,7 @@ def test_retraction_reads_the_latest_estimate():
     early_high = SimRequest(0, 0.0, 10, 1000, 900.0, 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
     steady = SimRequest(1, 1.0, 10, 1000, 300.0, 0)
     for request in (early_high, steady):
-        request.predicted_output_len, request.join_step = request.prediction, 0
+        request.predicted_output_len, request.join_step = request.unrevealed_predicted_output_len, 0
     engine.running = {0: early_high, 1: steady}
     assert engine._retraction_victim().index == 1  # 300 - 11 left beats 10 + 5 - 11; statically 0 would go
 

@@ -101,29 +101,31 @@ class SimRequest:
     """A request as it moves through the cluster (the fields the scheduling core reads included)."""
 
     __slots__ = (
-        "index", "arrival_time", "input_len", "output_len", "prediction", "predicted_output_len",
+        "index", "arrival_time", "input_len", "output_len", "unrevealed_predicted_output_len", "predicted_output_len",
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
         "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
         "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay",
-        "quantile_prediction", "predicted_output_quantiles", "quantile_trajectory",
+        "unrevealed_predicted_output_quantiles", "predicted_output_quantiles", "quantile_trajectory",
         "last_token_time", "span_start", "span_pause",  # TokenGapLog's
     )
 
     def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
-                 prediction: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None,
+                 predicted_output_len: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None,
                  quantiles: Optional[Tuple[float, ...]] = None,
                  quantile_trajectory: Optional[Sequence[Tuple[float, ...]]] = None) -> None:
         self.index = index
         self.arrival_time = arrival_time
         self.input_len = input_len
         self.output_len = output_len
-        self.prediction = prediction  # revealed to the scheduler at the cluster's prediction point
+        # r̂_0, revealed to the scheduler (as predicted_output_len) at the cluster's prediction point
+        self.unrevealed_predicted_output_len = predicted_output_len
         self.predicted_output_len: Optional[float] = None
-        # dynamic predictions: entry k is the estimate read at output token k + 1, counting that token
+        # dynamic predictions: entry k is the predicted remaining tokens (r̂_t) read at output token k + 1,
+        # counting that token
         self.trajectory = trajectory
         # total-length quantiles at the scheduling config's levels, revealed with the prediction, and
         # the remaining-length quantiles read at each output token (as trajectory); None: a point mass
-        self.quantile_prediction = quantiles
+        self.unrevealed_predicted_output_quantiles = quantiles
         self.predicted_output_quantiles: Optional[Tuple[float, ...]] = None
         self.quantile_trajectory = quantile_trajectory
         self.prefill_queue_delay = 0.0
@@ -146,21 +148,22 @@ class SimRequest:
         self.span_start = 0
         self.span_pause = 0.0
 
-    def predicted_at(self, generated: int) -> Optional[float]:
+    def predicted_output_len_at(self, generated: int) -> Optional[float]:
         """The predicted output length the scheduler holds once ``generated`` tokens exist.
 
         Static: the prediction revealed at the prediction point. Dynamic (a trajectory, as EAGLE-3
         mode re-predicts after every step): from the second token on, the latest estimate, read at
         output token k, says the request ends after ``k - 1 + estimate`` tokens
-        (``sglang_patches.predictions.set_remaining_estimate``); at the first it is the prediction.
+        (``sglang_patches.predictions.set_predicted_remaining``); at the first it is the prediction.
         """
         if self.trajectory is None or self.predicted_output_len is None or generated < 2:
             return self.predicted_output_len
         k = min(generated, len(self.trajectory))
         return k - 1 + float(self.trajectory[k - 1])
 
-    def quantiles_at(self, generated: int) -> Optional[Tuple[float, ...]]:
-        """The total-length quantiles the scheduler holds once ``generated`` tokens exist, as :meth:`predicted_at`."""
+    def predicted_output_quantiles_at(self, generated: int) -> Optional[Tuple[float, ...]]:
+        """The total-length quantiles the scheduler holds once ``generated`` tokens exist, as
+        :meth:`predicted_output_len_at`."""
         quantiles = self.predicted_output_quantiles
         if self.quantile_trajectory is None or quantiles is None or generated < 2:
             return quantiles
@@ -169,8 +172,8 @@ class SimRequest:
 
     def reveal_prediction(self) -> None:
         """The prediction point: the scheduler learns the point and the quantiles."""
-        self.predicted_output_len = self.prediction
-        self.predicted_output_quantiles = self.quantile_prediction
+        self.predicted_output_len = self.unrevealed_predicted_output_len
+        self.predicted_output_quantiles = self.unrevealed_predicted_output_quantiles
 
     @property
     def prompt_len(self) -> int:
@@ -327,7 +330,8 @@ class EngineInstance:
         if not with_work:
             return RankLoad(waiting + len(self.running), 0.0)
         steps = self.steps_done + self._segment_steps_done(now)
-        running = ((r.predicted_at(1 + steps - r.join_step), 1 + steps - r.join_step) for r in self.running.values())
+        running = ((r.predicted_output_len_at(1 + steps - r.join_step), 1 + steps - r.join_step)
+                   for r in self.running.values())
         return rank_load(running, self.sim.scheduling.prior_output_len, RankLoad(waiting, self.pending_work))
 
     def _segment_steps_done(self, now: float) -> int:
@@ -342,7 +346,7 @@ class EngineInstance:
         self.incoming += 1
         self.incoming_tokens += request.input_len
         request.pending_work = predicted_remaining(
-            request.predicted_at(request.num_generated_tokens), request.num_generated_tokens,
+            request.predicted_output_len_at(request.num_generated_tokens), request.num_generated_tokens,
             self.sim.scheduling.prior_output_len,
         )
         self.pending_work += request.pending_work
@@ -371,14 +375,16 @@ class EngineInstance:
             return request.full_reservation
         # the plugin's charge as a reservation, capped by the cluster's max_new_tokens (not the request's)
         return request.input_len + generated + self.admission.output_budget(KVRequest(
-            0, generated, self.sim.cluster.max_new_tokens, request.predicted_at(generated), request.quantiles_at(generated)))
+            0, generated, self.sim.cluster.max_new_tokens, request.predicted_output_len_at(generated),
+            request.predicted_output_quantiles_at(generated)))
 
     def _kv_request(self, request: SimRequest, generated: int, held: int = 0, extend: Optional[int] = None
                     ) -> KVRequest:
         """What the admission reads from a request with ``generated`` tokens (its latest predictions), holding
         ``held`` KV tokens, whose prefill adds ``extend`` (by default what it has left to prefill)."""
         return KVRequest(request.prefill_left if extend is None else extend, generated, self._max_new_tokens(request),
-                         request.predicted_at(generated), request.quantiles_at(generated), held=held)
+                         request.predicted_output_len_at(generated), request.predicted_output_quantiles_at(generated),
+                         held=held)
 
     def _running_kv_request(self, request: SimRequest) -> KVRequest:
         """A decoding request: SGLang's holds its prompt and output but the last token."""
@@ -595,8 +601,8 @@ class EngineInstance:
         config = self.sim.scheduling
         # max takes the first of equal keys: reversed, the latest to join (the plugin's stable sort, popped from the end)
         return max(reversed(self.running.values()), key=lambda r: retraction_order_key(
-            r.predicted_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step, r.arrival_time,
-            r.retractions, config))
+            r.predicted_output_len_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step,
+            r.arrival_time, r.retractions, config))
 
     def _retract(self, now: float, request: SimRequest) -> None:
         generated = 1 + self.steps_done - request.join_step
@@ -606,12 +612,13 @@ class EngineInstance:
         self.kv_tokens -= request.input_len + generated
         self.kv_reserved -= request.reservation
         request.num_generated_tokens = generated
-        request.predicted_output_len = request.predicted_at(generated)  # the waiting queue orders by the latest
-        request.predicted_output_quantiles = request.quantiles_at(generated)
+        # the waiting queue orders by the latest
+        request.predicted_output_len = request.predicted_output_len_at(generated)
+        request.predicted_output_quantiles = request.predicted_output_quantiles_at(generated)
         request.retractions += 1
         request.prefill_left = request.input_len + generated  # recomputed when readmitted
         request.pending_work = predicted_remaining(
-            request.predicted_at(generated), generated, self.sim.scheduling.prior_output_len
+            request.predicted_output_len_at(generated), generated, self.sim.scheduling.prior_output_len
         )
         self.pending_work += request.pending_work
         self._requeue(now, request)
@@ -778,7 +785,7 @@ class Simulation:
     def __init__(
         self,
         trace: Trace,
-        predictions: Sequence[Optional[float]],
+        predicted_output_lens: Sequence[Optional[float]],
         cluster: ClusterConfig,
         policy: Policy,
         scheduling: SchedulingConfig,
@@ -787,7 +794,9 @@ class Simulation:
         quantiles: Optional[Sequence[Optional[Tuple[float, ...]]]] = None,
         quantile_trajectories: Optional[Sequence[Optional[Sequence[Tuple[float, ...]]]]] = None,
     ) -> None:
-        """``trajectories``: per request its dynamic predictions (``SimRequest.trajectory``), or None: static.
+        """``predicted_output_lens``: per request its r̂_0 (None: not predicted, the prior).
+        ``trajectories``: per request its predicted remaining tokens at each output token
+        (``SimRequest.trajectory``), or None: static.
         ``seed``: the router's random draws (power-of-two). ``quantiles``: per request its total-length
         quantiles at ``scheduling.quantile_levels`` (None: point masses at the predictions);
         ``quantile_trajectories``: its remaining-length quantiles at each output token (as ``trajectories``)."""
@@ -807,12 +816,12 @@ class Simulation:
         quantile_trajectories = quantile_trajectories if quantile_trajectories is not None else [None] * len(trace)
         self.dynamic = self.dynamic or any(q is not None for q in quantile_trajectories)
         self.requests = [
-            SimRequest(index, float(arrival), int(input_len), int(output_len), prediction,
+            SimRequest(index, float(arrival), int(input_len), int(output_len), predicted_output_len,
                        int(cluster.kv_reservation(input_len, output_len)), trajectory,
                        None if quantile is None else tuple(quantile), quantile_trajectory)
-            for index, (arrival, input_len, output_len, prediction, trajectory, quantile, quantile_trajectory)
-            in enumerate(zip(trace.arrival_times, trace.input_lens, trace.output_lens, predictions, trajectories,
-                             quantiles, quantile_trajectories, strict=True))
+            for index, (arrival, input_len, output_len, predicted_output_len, trajectory, quantile, quantile_trajectory)
+            in enumerate(zip(trace.arrival_times, trace.input_lens, trace.output_lens, predicted_output_lens,
+                             trajectories, quantiles, quantile_trajectories, strict=True))
         ]
         self._events: List[Tuple[float, int, Callable, object]] = []
         self._sequence = itertools.count()
