@@ -101,7 +101,7 @@ def test_an_idle_outlets_server_wins_and_the_request_settings_survive_the_router
     from specforge_outlets.model.tiny_chat_target import END_ID
 
     server, stand_in, url = cluster
-    request = BenchRequest("r1", 0.0, 16, 5, text=PROMPT, prediction=42.0, end_token_id=END_ID)
+    request = BenchRequest("r1", 0.0, 16, 5, text=PROMPT, predicted_output_len=42.0, end_token_id=END_ID)
     payload = dict(generate_payload(request, SamplingSettings(temperature=0.0), through_router=True), stream=False)
     assert "custom_params" not in payload["sampling_params"]
     for _ in range(4):  # four draws: a router that ignored the loads would send one to the stand-in (15 in 16)

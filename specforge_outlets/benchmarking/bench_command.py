@@ -175,7 +175,7 @@ def run(args) -> int:
 def _report_predictions(path: str, requests, levels) -> None:
     """Say how many requests the --predictions file gives a prediction and quantiles: a file for other
     requests would otherwise pass as a run with predictions."""
-    with_prediction = sum(request.prediction is not None for request in requests)
+    with_prediction = sum(request.predicted_output_len is not None for request in requests)
     if with_prediction < len(requests):
         print(f"warning: --predictions {path} names {with_prediction} of {len(requests)} requests; the others get "
               "the server's prior")

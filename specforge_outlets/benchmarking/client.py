@@ -32,7 +32,7 @@ from specforge_outlets.benchmarking.workload import BenchRequest
 
 # The plugin's key (sglang_patches/settings.py META_INFO_KEY); read, never required.
 PREDICTION_KEY = "predicted_output_len"
-# The plugin's per-request external prediction (sglang_patches/predictions.py ATTR_PREDICTION).
+# The plugin's per-request external prediction (sglang_patches/settings.py CUSTOM_PARAM_KEY).
 PREDICTION_PARAM = "outlets_predicted_output_len"
 # The plugin's per-request quantiles of the total output length (sglang_patches/settings.py QUANTILES_PARAM_KEY).
 QUANTILES_PARAM = "outlets_predicted_quantiles"
@@ -85,8 +85,8 @@ def generate_payload(request: BenchRequest, sampling: SamplingSettings, through_
     if request.ignore_eos:
         params["ignore_eos"] = True
     custom_params: Dict[str, Any] = {}
-    if request.prediction is not None:
-        custom_params[PREDICTION_PARAM] = request.prediction
+    if request.predicted_output_len is not None:  # the wire's spelling: custom_params.outlets_predicted_output_len
+        custom_params[PREDICTION_PARAM] = request.predicted_output_len
     if request.quantiles is not None:
         custom_params[QUANTILES_PARAM] = list(request.quantiles)
     extra: Dict[str, Any] = {}

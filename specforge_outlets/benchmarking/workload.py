@@ -48,7 +48,7 @@ class BenchRequest:
     text: Optional[str] = None  # exactly one of text / input_ids
     input_ids: Optional[Tuple[int, ...]] = None
     ignore_eos: bool = False
-    prediction: Optional[float] = None  # sent to the plugin as an external prediction (--oracle-prediction)
+    predicted_output_len: Optional[float] = None  # sent to the plugin as an external prediction (--oracle-prediction)
     quantiles: Optional[Tuple[float, ...]] = None  # the total length's quantiles sent with it (--predictions)
     end_token_id: Optional[int] = None  # --end-at-output-len: the server ends it after expected_output_len tokens
 
@@ -162,7 +162,8 @@ def load_dataset_workload(
             content = {"input_ids": tuple(_chat_ids(tokenizer, prompt))}
         budget = expected if fixed_output_len else max_new_tokens
         requests.append(BenchRequest(request_id, float(arrival), budget, expected, ignore_eos=fixed_output_len,
-                                     prediction=float(expected) if oracle_prediction else (predictions or {}).get(request_id),
+                                     predicted_output_len=(float(expected) if oracle_prediction
+                                                           else (predictions or {}).get(request_id)),
                                      quantiles=(quantiles or {}).get(request_id), end_token_id=end_token_id, **content))
     output_len = ("dataset output_length (ignore_eos)" if fixed_output_len
                   else f"dataset output_length, ended by the server at token {end_token_id} under max_new_tokens"
