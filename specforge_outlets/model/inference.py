@@ -1,8 +1,8 @@
 """Length predictions of an OUTLETS draft over captured features, outside training.
 
 One draft step over the whole sequence, the way EAGLE-3 runs at prefill: position j reads the
-target's fused features at j and the embedding of token j + 1, so its prediction is r_hat for the
-label at j + 1 (the state at the last prompt position predicts the full response length).
+target's fused features at j and the embedding of token j + 1, so its ``log_remaining`` is z of r̂ for the
+label at j + 1 (the state at the last prompt position predicts the full response length, r̂₀).
 """
 
 from __future__ import annotations
