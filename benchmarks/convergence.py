@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.studies.committed_data import LABEL_SET
-from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE
+from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE, VARIANTS
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
@@ -73,9 +73,9 @@ def write_entry(args: argparse.Namespace, name: str, entry: Dict[str, Any]) -> N
                     os.path.join(args.report, "curves.png"))
 
 
-def run_name(draft: str, torch_dtype: Optional[str]) -> str:
-    """A draft's run, or its twin in another dtype (``outlets-float32``: bf16's effect at equal steps)."""
-    return draft if torch_dtype is None else f"{draft}-{torch_dtype}"
+def run_name(draft: str, variant: Optional[str]) -> str:
+    """A draft's run, or a variant's (``outlets-float32``: bf16's effect at equal steps)."""
+    return draft if variant is None else f"{draft}-{variant}"
 
 
 def split(args: argparse.Namespace) -> None:
@@ -92,17 +92,17 @@ def train_dir(args: argparse.Namespace, name: str) -> str:
 
 def train_argv(args: argparse.Namespace, name: str) -> List[str]:
     out = train_dir(args, name)
-    dtype = [f"model.torch_dtype={args.torch_dtype}"] if args.torch_dtype else []
+    variant = VARIANTS[args.variant] if args.variant else ()
     return [sys.executable, "-m", "specforge_outlets.cli", "train", "--config", RECIPE,
             f"model.target_model_path={args.target}", f"data.hidden_states_path={paths(args.run)['fit']}",
             f"data.max_length={args.max_length}", "training.num_epochs=1000", f"training.max_steps={args.budget}",
             f"training.save_interval={args.first_step}", f"output_dir={out}", f"tracking.wandb_dir={out}",
-            f"run_id={name}", *METHOD, *DRAFTS[args.draft], *dtype, *resume_overrides(out, name)]  # fmt: skip
+            f"run_id={name}", *METHOD, *DRAFTS[args.draft], *variant, *resume_overrides(out, name)]  # fmt: skip
 
 
 def train(args: argparse.Namespace) -> None:
     """Train ``--draft`` until the stopping rule, ``--until-step`` or the budget; a rerun resumes."""
-    name = run_name(args.draft, args.torch_dtype)
+    name = run_name(args.draft, args.variant)
     entry = read_curves(args)["drafts"].get(name, {"points": [], "stopped": None})
     if entry["stopped"]:
         print(f"{name}: stopped ({entry['stopped']})")
@@ -169,8 +169,8 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Op
 
 def curve(args: argparse.Namespace) -> None:
     for draft in DRAFTS:
-        for torch_dtype in (None, "float32", "bfloat16"):
-            name = run_name(draft, torch_dtype)
+        for variant in (None, *VARIANTS):
+            name = run_name(draft, variant)
             if os.path.isdir(train_dir(args, name)):
                 evaluate_new(args, name, draft)
 
@@ -189,8 +189,8 @@ def main() -> int:
     sub.add_parser("split")
     trainer = sub.add_parser("train")
     trainer.add_argument("--draft", choices=list(DRAFTS), required=True)
-    trainer.add_argument("--torch-dtype", choices=("float32", "bfloat16"),
-                         help="a twin run in this dtype instead of the recipe's (its own name and curve)")
+    trainer.add_argument("--variant", choices=list(VARIANTS),
+                         help="a variant run: one setting changed (its own name and curve)")
     trainer.add_argument("--until-step", type=int,
                          help="stop once the checkpoint at this step is evaluated (the schedule stays --budget's)")
     sub.add_parser("curve")
