@@ -136,7 +136,7 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Op
 
     from specforge_outlets.evaluation.drafting import drafting_metrics, load_target_head
     from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
-    from specforge_outlets.evaluation.predictor import EvalContext
+    from specforge_outlets.evaluation.predictor_api import EvalContext
     from specforge_outlets.evaluation.requests import load_split
     from specforge_outlets.data.targets import resolve_target
     from specforge_outlets.training.export_command import export_draft

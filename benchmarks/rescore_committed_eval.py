@@ -35,7 +35,7 @@ from specforge_outlets.evaluation import metrics, report as reporting
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.predictions_file import iter_record
 from specforge_outlets.evaluation.report_file import recorded_path
-from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.predictor_api import Prediction
 from specforge_outlets.evaluation.requests import Request, Split
 from specforge_outlets.studies.label_set_drafts import NOISE_SEEDS
 

@@ -19,7 +19,7 @@ from specforge_outlets.data.features import load_features, save_features
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation import eval_command
 from specforge_outlets.evaluation.baselines.instruction import parse_estimate
-from specforge_outlets.evaluation.predictor import EvalContext, Prediction, check_predictions
+from specforge_outlets.evaluation.predictor_api import EvalContext, Prediction, check_predictions
 from specforge_outlets.evaluation.requests import load_split
 from specforge_outlets.model.tiny_chat_target import make_chat_target
 from tests.data_fixtures import read_jsonl, run_command, write_jsonl

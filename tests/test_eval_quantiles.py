@@ -10,7 +10,7 @@ import pytest
 from specforge_outlets.cli import main
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.evaluation import calibration as calib
-from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.predictor_api import Prediction
 from specforge_outlets.evaluation.requests import Request
 from tests.test_eval import chat, make_export  # noqa: F401  (module fixture)
 

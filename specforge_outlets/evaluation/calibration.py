@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.predictor_api import Prediction
 from specforge_outlets.evaluation.requests import Request
 
 # Shares of a response already decoded at which the dynamic quantiles are scored.

@@ -27,7 +27,7 @@ from specforge_outlets.training.settings import CENSORED_TARGETS
 from specforge_outlets.evaluation.report_file import REPORT_VERSION, recorded_path, write_report
 from specforge_outlets.errors import OutletsError
 
-# name -> "module:class"; each baseline is its own module implementing evaluation.predictor.Predictor
+# name -> "module:class"; each baseline is its own module implementing evaluation.predictor_api.Predictor
 BASELINES = {
     "constant": "specforge_outlets.evaluation.baselines.constant:ConstantPredictor",
     "probe-mid": "specforge_outlets.evaluation.baselines.probe:MidProbePredictor",
@@ -234,7 +234,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     from specforge_outlets.evaluation import drafting, metrics, overhead, report as reporting
     from specforge_outlets.evaluation.outlets_predictor import (LP_ONLY, OutletsPredictor, check_features_match_draft,
                                                                 load_draft)
-    from specforge_outlets.evaluation.predictor import EvalContext, check_predictions
+    from specforge_outlets.evaluation.predictor_api import EvalContext, check_predictions
     from specforge_outlets.evaluation.requests import generation_limit, load_split
 
     progress = not args.no_progress
@@ -377,7 +377,7 @@ def quantile_calibration(predictor, everything, predictions, calibration):
     """Coverage and PIT of a quantile predictor on the test split; with a calibration split, its
     conformal shifts and the corrected predictions' coverage and PIT too."""
     from specforge_outlets.evaluation import calibration as calib
-    from specforge_outlets.evaluation.predictor import check_predictions
+    from specforge_outlets.evaluation.predictor_api import check_predictions
 
     levels = predictor.quantile_levels
     entry: Dict[str, Any] = {"levels": list(levels), "raw": calib.summary(everything.requests, predictions, levels)}

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
 

@@ -26,7 +26,7 @@ from specforge_outlets.evaluation.predictions_file import PredictionRow
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation import ceiling, censoring, metrics
 from specforge_outlets.evaluation.report_file import recorded_path
-from specforge_outlets.evaluation.predictor import Prediction
+from specforge_outlets.evaluation.predictor_api import Prediction
 from specforge_outlets.evaluation.noise import NoiseSamples
 from specforge_outlets.evaluation.requests import Split
 

@@ -1,1 +1,1 @@
-"""Baseline length predictors, one module each, all implementing ``evaluation.predictor.Predictor``."""
+"""Baseline length predictors, one module each, all implementing ``evaluation.predictor_api.Predictor``."""

@@ -10,7 +10,7 @@ from typing import List
 
 import numpy as np
 
-from specforge_outlets.evaluation.predictor import Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
 

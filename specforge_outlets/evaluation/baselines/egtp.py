@@ -30,7 +30,7 @@ from specforge_outlets.evaluation.baselines.length_bins import NUM_BINS, LengthB
 from specforge_outlets.evaluation.baselines.pooled_states import EntropyCache, entropy_weights, running_pool
 from specforge_outlets.evaluation.baselines.probe import training_positions
 from specforge_outlets.evaluation.heads import HeadLoss, HeadSettings, fit_head
-from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 from specforge_outlets.model.length_head import tail_log_probability
 

@@ -31,7 +31,7 @@ from specforge_outlets.evaluation.baselines.egtp import (DEFAULT_CAP, DEPTHS, So
                                                          fit_best_depth)
 from specforge_outlets.evaluation.baselines.length_bins import LengthBins
 from specforge_outlets.evaluation.baselines.pooled_states import entropy_weights, pool
-from specforge_outlets.evaluation.predictor import Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
 

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.evaluation.predictor import Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Request, Split
 
 INSTRUCTION = (

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from specforge_outlets.evaluation.baselines.prompt_head import fit_prompt_head
 from specforge_outlets.evaluation.heads import HeadSettings
-from specforge_outlets.evaluation.predictor import Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 from specforge_outlets.model.length_head import bucket_index, bucket_log_centers
 from specforge_outlets.training.settings import DEFAULT_BUCKET_EDGES

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from specforge_outlets.evaluation.heads import HeadSettings, Pinball, fit_head
-from specforge_outlets.evaluation.predictor import DYNAMIC_MODEL, Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
 
 POSITIONS_PER_REQUEST = 64  # training positions per response: t = 0 and up to 63 evenly spaced others

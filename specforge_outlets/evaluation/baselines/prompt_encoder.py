@@ -18,7 +18,7 @@ from tqdm import tqdm
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.baselines.prompt_head import fit_prompt_head
 from specforge_outlets.evaluation.heads import HeadSettings
-from specforge_outlets.evaluation.predictor import Prediction, Predictor
+from specforge_outlets.evaluation.predictor_api import Prediction, Predictor
 from specforge_outlets.evaluation.requests import Request, Split
 
 MAX_TOKENS = 256  # the encoder's max_seq_length; longer prompts keep their end (the last request)
