@@ -51,7 +51,7 @@ from specforge_outlets.scheduling import LengthDistribution, SchedulingConfig  #
 from specforge_outlets.serving.metrics import parse_goodput  # noqa: E402
 from specforge_outlets.simulation.cluster import KVAdmission, PredictionPoint  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.predictors import read_file_quantiles  # noqa: E402
+from specforge_outlets.simulation.predicted_lengths import read_file_quantiles  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from specforge_outlets.simulation.study import summarize  # noqa: E402
 

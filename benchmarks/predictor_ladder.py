@@ -52,7 +52,7 @@ from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.predictors import (  # noqa: E402
+from specforge_outlets.simulation.predicted_lengths import (  # noqa: E402
     constant_predictions,
     shuffled_predictions,
     with_measured_errors,

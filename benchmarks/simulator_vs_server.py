@@ -46,7 +46,7 @@ from specforge_outlets.scheduling import OrderKey, SchedulingConfig  # noqa: E40
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.predictors import read_file_quantiles  # noqa: E402
+from specforge_outlets.simulation.predicted_lengths import read_file_quantiles  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from specforge_outlets.simulation.step_fit import fit_step_time, parse_intervals  # noqa: E402
 from specforge_outlets.simulation.study import summarize  # noqa: E402

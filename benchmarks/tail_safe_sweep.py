@@ -43,7 +43,7 @@ from specforge_outlets.scheduling.kv_budget import DEFAULT_KV_MARGIN
 from specforge_outlets.simulation.cluster import KVAdmission, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation, SimulationResult
 from specforge_outlets.simulation.study import summarize
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -659,7 +659,7 @@ def test_the_predictions_file_has_one_writer_and_one_reader_for_simulate_and_ben
     from specforge_outlets.evaluation.predictions_file import (
         PredictionRow, predictions_by_id, read_predictions, write_predictions,
     )
-    from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+    from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
     from specforge_outlets.serving.trace import Trace
 
     path = str(tmp_path / "predictions" / "outlets.jsonl")

@@ -243,7 +243,7 @@ def noise_rows(words):
 def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
     import gzip
 
-    from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+    from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
     from specforge_outlets.serving.trace import Trace
 
     target, train_dir, test_dir = chat

@@ -15,7 +15,7 @@ from specforge_outlets.scheduling import CacheState, DecodePreallocAdmission, KV
 from specforge_outlets.simulation import sglang_admission
 from specforge_outlets.simulation.cluster import PredictionPoint, cluster_config_from_dict
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from specforge_outlets.serving.trace import Trace
 from tests.binding_cache import binding_cluster, binding_trace

@@ -1,11 +1,11 @@
-"""The predictor ladder's reference rungs (simulation/predictors.py): a constant, shuffled values, the per-prompt ceiling."""
+"""The predictor ladder's reference rungs (simulation/predicted_lengths.py): a constant, shuffled values, the per-prompt ceiling."""
 
 import numpy as np
 import pytest
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.censoring import CensoredRequests, c_index
-from specforge_outlets.simulation.predictors import constant_predictions, per_prompt_ceiling, shuffled_predictions
+from specforge_outlets.simulation.predicted_lengths import constant_predictions, per_prompt_ceiling, shuffled_predictions
 
 
 def test_a_constant_ranks_nothing():

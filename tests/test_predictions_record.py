@@ -11,7 +11,7 @@ from specforge_outlets.cli import main
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.predictions_file import MAX_QUOTED_ROW_CHARS, iter_record, read_predictions
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths, predicted_trajectories
+from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths, predicted_trajectories
 from specforge_outlets.serving.trace import Trace
 
 COMMITTED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -15,7 +15,7 @@ from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
 from specforge_outlets.simulation.study import summarize
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
-from specforge_outlets.simulation.predictors import PredictorKind, predict_lengths
+from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_lengths, load_trace, synthetic_poisson
 
 # Every step (prefill batch, decode step, mixed step) takes exactly one second; prefill tokens,
@@ -537,7 +537,7 @@ def test_every_request_finishes_with_dynamic_predictions(mode, kv_admission):
 
 
 def test_file_dynamic_needs_a_trajectory_for_every_trace_request(tmp_path):
-    from specforge_outlets.simulation.predictors import predicted_trajectories
+    from specforge_outlets.simulation.predicted_lengths import predicted_trajectories
 
     trace = make_trace([(0.0, 5, 3), (1.0, 5, 2)])
     path = write(tmp_path, "p.jsonl", '{"id": "0", "predicted_output_len": 3, "trajectory": [3, 2, 1]}\n'

@@ -12,7 +12,7 @@ from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import LengthDistribution, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig, KVAdmission, cluster_config_from_dict
 from specforge_outlets.simulation.engine import Policy, Simulation
-from specforge_outlets.simulation.predictors import (
+from specforge_outlets.simulation.predicted_lengths import (
     PredictorKind,
     predict_lengths,
     predicted_quantile_trajectories,

@@ -24,7 +24,7 @@ from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation import vllm_admission
 from specforge_outlets.simulation.cluster import VLLM_ADMISSIONS, cluster_config_from_dict
 from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
-from specforge_outlets.simulation.predictors import PredictorKind
+from specforge_outlets.simulation.predicted_lengths import PredictorKind
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from tests.binding_cache import binding_cluster, binding_trace
 from specforge_outlets.simulation.study import StudyPlan, run_study

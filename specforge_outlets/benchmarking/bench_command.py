@@ -101,7 +101,7 @@ def run(args) -> int:
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
     from specforge_outlets.serving.metrics import parse_goodput
-    from specforge_outlets.simulation.predictors import read_file_quantiles
+    from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
 
     _validate(args)
     slo = parse_goodput(args.goodput)  # before any request is sent: a bad target is refused at once

@@ -42,7 +42,7 @@ class PredictionRow:
     trajectory: Optional[Tuple[float, ...]] = None
     # a quantile predictor's (a predicted length distribution): the levels, the whole length's quantiles at them, and
     # entry k of ``quantile_trajectory`` the remaining length's quantiles at output token k + 1
-    # (as ``trajectory``); checked where they are used (``simulation/predictors.py``)
+    # (as ``trajectory``); checked where they are used (``simulation/predicted_lengths.py``)
     quantile_levels: Optional[Tuple[float, ...]] = None
     quantiles: Optional[Tuple[float, ...]] = None
     quantile_trajectory: Optional[Tuple[Tuple[float, ...], ...]] = None

@@ -102,7 +102,7 @@ def run(args) -> int:
     from specforge_outlets.scheduling import SchedulingConfig
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy, routing_spelling
-    from specforge_outlets.simulation.predictors import PredictorKind, read_file_quantiles
+    from specforge_outlets.simulation.predicted_lengths import PredictorKind, read_file_quantiles
     from specforge_outlets.simulation.report import write_report
     from specforge_outlets.simulation.study import StudyPlan, policy_grid, run_study
     from specforge_outlets.serving.metrics import parse_goodput

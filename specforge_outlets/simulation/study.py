@@ -13,7 +13,7 @@ from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import OrderKey, QueuePolicy, RoutingPolicy, SchedulingConfig
 from specforge_outlets.simulation.cluster import ClusterConfig, KVAdmission
 from specforge_outlets.simulation.engine import Policy, Simulation, check_policy
-from specforge_outlets.simulation.predictors import (
+from specforge_outlets.simulation.predicted_lengths import (
     PredictorKind,
     predict_lengths,
     predicted_quantile_trajectories,

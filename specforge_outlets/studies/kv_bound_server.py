@@ -83,7 +83,7 @@ from specforge_outlets.studies.committed_data import LABEL_SET, REPO, SHAREGPT_P
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.data.jsonl import write_jsonl
 from specforge_outlets.serving.summary import read_summary
-from specforge_outlets.simulation.predictors import read_file_quantiles
+from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
 
 SERVE_PYTHON = os.path.join(REPO, ".venv-serve", "bin", "python")
 RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-server")

@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from specforge_outlets.serving.trace import Trace, poisson_arrival_times
-from specforge_outlets.simulation.predictors import per_prompt_ceiling
+from specforge_outlets.simulation.predicted_lengths import per_prompt_ceiling
 from specforge_outlets.studies.committed_data import LABEL_SET, read_eval_record
 from specforge_outlets.studies.sharegpt_serving import REQUESTS
 

@@ -75,7 +75,7 @@ from specforge_outlets.serving.trace import (
 )
 from specforge_outlets.simulation.cluster import KVAdmission, PredictionPoint, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
-from specforge_outlets.simulation.predictors import with_measured_errors
+from specforge_outlets.simulation.predicted_lengths import with_measured_errors
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from specforge_outlets.simulation.study import summarize
 
