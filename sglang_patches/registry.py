@@ -8,9 +8,9 @@ which applied and refuses a feature whose hooks did not (``state.check_hooks``).
 from __future__ import annotations
 
 from sglang_patches import (cli, client_predictions, kv_admission, load_endpoint, meta_info, ordering, pd_transfer,
-                            predictor, routing, speculative, state)
+                            predictor_mode, routing, speculative, state)
 
-AREAS = (cli, ordering, kv_admission, meta_info, client_predictions, routing, load_endpoint, predictor, speculative,
+AREAS = (cli, ordering, kv_admission, meta_info, client_predictions, routing, load_endpoint, predictor_mode, speculative,
          pd_transfer)
 
 

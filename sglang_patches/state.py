@@ -2,7 +2,7 @@
 
 A leaf: it imports no other plugin module but ``settings`` (flags and their validation, stateless),
 so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``client_predictions``,
-``routing``, ``load_endpoint``, ``predictor``, ``speculative``, ``pd_transfer``) all read it and none imports another
+``routing``, ``load_endpoint``, ``predictor_mode``, ``speculative``, ``pd_transfer``) all read it and none imports another
 (they share helpers that hold no hooks: ``predictions``, ``snapshots``). Tests set state through
 :func:`use_settings` and :func:`reset_settings`.
 """

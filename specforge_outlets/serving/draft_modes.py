@@ -21,7 +21,7 @@ from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig
 
 EAGLE3 = "EAGLE-3"
 PREDICTOR_ONLY = "predictor-only"
-# What predictor-only mode's capture hooks into (sglang_patches/predictor.py checks it at model load).
+# What predictor-only mode's capture hooks into (sglang_patches/predictor_mode.py checks it at model load).
 LLAMA_TARGET = "a Llama-family target (SGLang LlamaModel)"
 
 
