@@ -92,7 +92,7 @@ def step_runner(name: str, target: str) -> Callable[[list], None]:
     from specforge.modeling.target.target_head import TargetHead
     from specforge.training.strategies.base import Eagle3TrainStrategy
 
-    from specforge_outlets.training.model import OutletsEagle3Model
+    from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
     from specforge_outlets.training.settings import OutletsSettings
     from specforge_outlets.training.strategy import OutletsTrainStrategy
 

@@ -25,7 +25,7 @@ from specforge_outlets.model.length_head import log_remaining_to_tokens
 from specforge_outlets.training.algorithm import build_offline_collator, build_offline_normalizer, init_length_bias
 from specforge_outlets.training.cpu_loss import install_cpu_loss
 from specforge_outlets.training.head_lr import head_parameter_group
-from specforge_outlets.training.model import OutletsEagle3Model
+from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
 from specforge_outlets.training.settings import OutletsSettings
 from specforge_outlets.training.strategy import OutletsTrainStrategy
 from tests.test_training_step import TTT, make_draft

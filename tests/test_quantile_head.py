@@ -9,7 +9,7 @@ from specforge.modeling.target.target_head import TargetHead
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.quantile_head import QuantileHead, constant_quantiles, pinball_rows
 from specforge_outlets.training.cpu_loss import install_cpu_loss
-from specforge_outlets.training.model import OutletsEagle3Model
+from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
 from specforge_outlets.training.settings import OutletsSettings
 from specforge_outlets.training.strategy import OutletsTrainStrategy
 from tests.test_training_step import TTT, make_batch, make_draft

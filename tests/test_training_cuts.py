@@ -21,7 +21,7 @@ from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.model.ttt_attention import TTTCacheAttention
 from specforge_outlets.training.cpu_loss import install_cpu_loss
 from specforge_outlets.training.loss_rows import install_loss_row_teacher
-from specforge_outlets.training.model import OutletsEagle3Model
+from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
 from specforge_outlets.training.settings import OutletsSettings
 from specforge_outlets.training.strategy import OutletsTrainStrategy
 from tests.test_training_step import TTT, make_draft

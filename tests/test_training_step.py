@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 
 from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
 from specforge_outlets.training.cpu_loss import install_cpu_loss, reference_log_softmax_loss
-from specforge_outlets.training.model import OutletsEagle3Model
+from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
 from specforge_outlets.training.settings import OutletsSettings
 from specforge_outlets.training.strategy import OutletsTrainStrategy
 from tests.tiny_target import TINY_DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS

@@ -113,7 +113,7 @@ def build_training_model(cfg, draft_model, draft_config, target_config, tokenize
 
     from specforge_outlets.training.cpu_loss import install_cpu_loss
     from specforge_outlets.training.loss_rows import install_loss_row_teacher
-    from specforge_outlets.training.model import OutletsEagle3Model
+    from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
 
     install_cpu_loss()
     install_loss_row_teacher()

@@ -15,7 +15,7 @@ import torch
 from specforge.training.strategies.base import Eagle3TrainStrategy, StepContext, StepOutput
 
 from specforge_outlets.data.features import LENGTH_KEY, LOWER_BOUND_KEY
-from specforge_outlets.training.model import LengthOutputs
+from specforge_outlets.training.ttt_with_length import LengthOutputs
 from specforge_outlets.training.objective import LengthWeighting, fit_length, fit_quantiles, total_loss
 
 
