@@ -23,8 +23,8 @@ COMMAND_MODULES = (
     "specforge_outlets.evaluation.eval_command",
     "specforge_outlets.simulation.simulate_command",
     "specforge_outlets.simulation.fit_step_time_command",
-    "specforge_outlets.benchmarking.bench_command",
-    "specforge_outlets.benchmarking.compare_command",
+    "specforge_outlets.loadgen.bench_command",
+    "specforge_outlets.loadgen.compare_command",
     "specforge_outlets.demo.demo_command",
 )
 

@@ -228,7 +228,7 @@ def test_inter_token_gaps_are_recorded_per_token_and_summarized(tmp_path):
 
 
 def test_a_chunk_of_several_tokens_counts_one_gap_per_token():
-    from specforge_outlets.benchmarking.client import RequestRecord, _read_event
+    from specforge_outlets.loadgen.client import RequestRecord, _read_event
 
     record = RequestRecord(id="a", url="u", scheduled_s=0.0, sent_s=0.0)
     sent = time.perf_counter()
@@ -274,7 +274,7 @@ def test_poisson_rate_spreads_dataset_arrivals(tmp_path, stub):
 
 
 def test_poisson_arrivals_have_exponential_gaps_at_the_rate():
-    from specforge_outlets.benchmarking.workload import poisson_arrivals
+    from specforge_outlets.loadgen.workload import poisson_arrivals
 
     times = poisson_arrivals(20000, 8.0, seed=3)
     gaps = np.diff(times)
@@ -496,7 +496,7 @@ def test_fixed_output_len_sends_each_rows_length_with_ignore_eos(tmp_path, stub,
 
 
 def test_end_at_output_len_keeps_the_cap_and_asks_the_server_to_end_each_request(tmp_path, stub, capsys):
-    from specforge_outlets.benchmarking.end_at_length import EndAtOutputLength
+    from specforge_outlets.loadgen.end_at_length import EndAtOutputLength
 
     rows = [{"id": "a", "prompt": "qa len=9", "output_length": 3}, {"id": "b", "prompt": "qb len=9", "output_length": 9},
             {"id": "c", "prompt": "qc len=9"}]
@@ -538,7 +538,7 @@ def test_through_router_sends_the_request_settings_in_custom_labels(tmp_path, st
 def test_end_at_output_len_processor_forbids_the_stop_token_before_the_length_and_forces_it_at_it():
     import torch
 
-    from specforge_outlets.benchmarking.end_at_length import EndAtOutputLength, end_at_params
+    from specforge_outlets.loadgen.end_at_length import EndAtOutputLength, end_at_params
 
     short, long = SimpleNamespace(), SimpleNamespace()  # two requests, 2 and 3 tokens long
     rows = [{**end_at_params(2, stop_token_id=2), "__req__": short}, None,

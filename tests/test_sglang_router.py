@@ -96,8 +96,8 @@ def cluster(chat_target, tmp_path_factory):
 
 def test_an_idle_outlets_server_wins_and_the_request_settings_survive_the_router(cluster, chat_target):
     """Prediction and end-at-length settings in custom_labels (`bench-serving --through-router`) reach the worker."""
-    from specforge_outlets.benchmarking.client import SamplingSettings, generate_payload
-    from specforge_outlets.benchmarking.workload import BenchRequest
+    from specforge_outlets.loadgen.client import SamplingSettings, generate_payload
+    from specforge_outlets.loadgen.workload import BenchRequest
     from specforge_outlets.model.tiny_chat_target import END_ID
 
     server, stand_in, url = cluster

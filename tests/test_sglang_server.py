@@ -180,8 +180,8 @@ class TestStock:
         """`outlets bench-serving --end-at-output-len`: exactly the recorded length, with max_new_tokens a cap."""
         import json
 
-        from specforge_outlets.benchmarking.client import SamplingSettings, generate_payload
-        from specforge_outlets.benchmarking.workload import BenchRequest
+        from specforge_outlets.loadgen.client import SamplingSettings, generate_payload
+        from specforge_outlets.loadgen.workload import BenchRequest
 
         with open(f"{chat_target}/generation_config.json") as handle:
             stop = json.load(handle)["eos_token_id"]

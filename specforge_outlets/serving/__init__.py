@@ -1,6 +1,6 @@
 """What simulated and measured serving runs share: request traces, the metrics schema, the summary file.
 
-``outlets simulate`` (``simulation/``) and ``outlets bench-serving`` (``benchmarking/``) both read
+``outlets simulate`` (``simulation/``) and ``outlets bench-serving`` (``loadgen/``) both read
 traces through ``trace.py``, summarise per-request times through ``metrics.py`` and write
 ``summary.json`` through ``summary.py``, so ``outlets compare-runs`` can put them side by side.
 """

@@ -94,9 +94,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from specforge_outlets.benchmarking.client import SamplingSettings, check_server
-    from specforge_outlets.benchmarking.sglang_result import sglang_result
-    from specforge_outlets.benchmarking.workload import (
+    from specforge_outlets.loadgen.client import SamplingSettings, check_server
+    from specforge_outlets.loadgen.sglang_result import sglang_result
+    from specforge_outlets.loadgen.workload import (
         load_dataset_workload, load_tokenizer, load_trace_workload,
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
@@ -245,7 +245,7 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
     import httpx
     from tqdm import tqdm
 
-    from specforge_outlets.benchmarking.client import send_request
+    from specforge_outlets.loadgen.client import send_request
 
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()

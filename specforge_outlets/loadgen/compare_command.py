@@ -83,7 +83,7 @@ def load_rows(directory: str) -> List[RunRow]:
 
 def sglang_rows(path: str) -> List[RunRow]:
     """The runs of a ``sglang.bench_serving --output-file``: one row per line, labelled by its settings."""
-    from specforge_outlets.benchmarking.sglang_result import read_sglang_results, row_from_sglang
+    from specforge_outlets.loadgen.sglang_result import read_sglang_results, row_from_sglang
 
     name = os.path.basename(path)
     return [RunRow(name, f"{r.get('backend', 'sglang')} {r.get('dataset_name', '')} rate {r.get('request_rate', '?')}"

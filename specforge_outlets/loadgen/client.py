@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 
-from specforge_outlets.benchmarking.end_at_length import end_at_params, serialized_processor
-from specforge_outlets.benchmarking.workload import BenchRequest
+from specforge_outlets.loadgen.end_at_length import end_at_params, serialized_processor
+from specforge_outlets.loadgen.workload import BenchRequest
 
 # The plugin's key (sglang_patches/settings.py META_INFO_KEY); read, never required.
 PREDICTION_KEY = "predicted_output_len"

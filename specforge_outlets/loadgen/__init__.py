@@ -1,4 +1,4 @@
-"""Benchmarking real servers with the simulator's metrics.
+"""Load generation against real servers, measured with the simulator's metrics (``outlets bench-serving``, ``outlets compare-runs``).
 
 workload.py (what to send and when: a prompt dataset at a Poisson rate, or a trace replayed at its
 own arrival times) -> client.py (one streaming native ``/generate`` request, recorded) ->
