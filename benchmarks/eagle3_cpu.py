@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.demo.stages import written  # noqa: E402
-from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
+from specforge_outlets.loadgen.sglang_server import SGLangServer  # noqa: E402
 from specforge_outlets.studies import sglang_plugins  # noqa: E402
 
 RUNS = os.path.join(REPO, "runs", "bench-sharegpt")

@@ -71,8 +71,8 @@ def run_dir(args, cluster: str, predictor: str, repetition: int) -> str:
 
 def run(args) -> None:
     from specforge_outlets.cli import main as outlets
-    from specforge_outlets.serving.sglang_router import SGLangRouter, pd_router_args
-    from specforge_outlets.serving.sglang_server import SGLangServer, free_port
+    from specforge_outlets.loadgen.sglang_router import SGLangRouter, pd_router_args
+    from specforge_outlets.loadgen.sglang_server import SGLangServer, free_port
 
     os.makedirs(args.runs_dir, exist_ok=True)
     dataset = write_workload(args.runs_dir, args.requests, args.seed)

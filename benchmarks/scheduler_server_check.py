@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402  (the tests' tiny random Llama)
-from specforge_outlets.serving.sglang_server import SGLangServer  # noqa: E402
+from specforge_outlets.loadgen.sglang_server import SGLangServer  # noqa: E402
 from specforge_outlets.studies import sglang_plugins  # noqa: E402
 
 POLICIES: Dict[str, List[str]] = {

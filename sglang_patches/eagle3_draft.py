@@ -46,7 +46,7 @@ from sglang.srt.utils import add_prefix
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.model.quantile_head import QuantileHead
-from specforge_outlets.serving.draft_modes import eagle3_refusal
+from specforge_outlets.model.draft_modes import eagle3_refusal
 from sglang_patches.settings import DRAFT_ARCHITECTURE
 
 logger = logging.getLogger("sglang_patches")

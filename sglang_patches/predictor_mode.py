@@ -24,7 +24,7 @@ import math
 import threading
 from typing import List, Optional
 
-from specforge_outlets.serving.draft_modes import LLAMA_TARGET
+from specforge_outlets.model.draft_modes import LLAMA_TARGET
 from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.settings import (

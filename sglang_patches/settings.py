@@ -32,7 +32,7 @@ from specforge_outlets.scheduling import (
     QueuePolicy,
     SchedulingConfig,
 )
-from specforge_outlets.serving.draft_modes import min_target_layers, target_hidden_size
+from specforge_outlets.model.draft_modes import min_target_layers, target_hidden_size
 
 POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
 # The architecture an `outlets export` names in its config.json (sglang_patches/eagle3_draft.py implements it).
@@ -333,7 +333,7 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
     scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS
     (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
     input, so the last layer's output (index N) cannot be read. The limit and the width are
-    ``specforge_outlets.serving.draft_modes``' rules, which ``outlets export`` prints.
+    ``specforge_outlets.model.draft_modes``' rules, which ``outlets export`` prints.
     """
     outlets = OutletsDraftConfig.from_dict(draft_config["outlets_config"])
     fusion = outlets.fusion_layers

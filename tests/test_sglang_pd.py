@@ -24,8 +24,8 @@ pytest.importorskip("mooncake", reason="mooncake-transfer-engine-non-cuda is ins
 
 from sglang_patches import pd_transfer, predictions as P, state  # noqa: E402
 from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
-from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter, pd_router_args  # noqa: E402
-from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
+from specforge_outlets.loadgen.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter, pd_router_args  # noqa: E402
+from specforge_outlets.loadgen.sglang_server import free_port  # noqa: E402
 from tests.sglang_harness.offline_reference import PROMPTS, offline_r0  # noqa: E402
 from tests.sglang_harness.server import SGLangServer  # noqa: E402
 from tests.sglang_harness.stand_in import StandInReq  # noqa: E402

@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 pytest.importorskip("sglang_router", reason="sglang-router is installed in the serve environment (make test)")
 
-from specforge_outlets.serving.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter  # noqa: E402
-from specforge_outlets.serving.sglang_server import free_port  # noqa: E402
+from specforge_outlets.loadgen.sglang_router import LOAD_POLL_INTERVAL_S, SGLangRouter  # noqa: E402
+from specforge_outlets.loadgen.sglang_server import free_port  # noqa: E402
 from tests.sglang_harness.server import start_server  # noqa: E402
 
 PROMPT = "hello world the quick brown fox"

@@ -1,5 +1,6 @@
 """Trace-driven discrete-event simulation of LLM serving (``outlets simulate``).
 
-trace.py (requests) -> predicted_lengths.py (predicted lengths) -> engine.py (cluster, using the shared
-scheduling core) -> metrics.py -> study.py (policy and predictor sweeps) -> report.py.
+``serving/trace.py`` (requests) -> predicted_lengths.py (predicted lengths) -> engine.py (cluster, using
+the shared scheduling core) -> ``serving/metrics.py`` (per-request times summarised) -> study.py (policy
+and predictor sweeps) -> report.py (tables, plots and ``serving/summary.py``'s summary.json).
 """

@@ -320,7 +320,7 @@ def run(args) -> None:
 
 def run_session(args, server_name: str, repetition: int, predictors, dataset: str, model: str, common) -> None:
     """One server session of ``server_name``: its ``predictors`` of one repetition, one after another."""
-    from specforge_outlets.serving.sglang_server import SGLangServer
+    from specforge_outlets.loadgen.sglang_server import SGLangServer
 
     log_path = os.path.join(args.runs_dir, "logs", f"{slug(server_name)}.rep{repetition}.server.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)

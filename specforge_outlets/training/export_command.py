@@ -5,7 +5,7 @@ the fusion layers and head shape) + ``model.safetensors`` holding the EAGLE-3 we
 and the length head. SpecForge's exporter accepts ``eagle3`` checkpoints only, so this command
 composes its pieces: state resolution, key validation, serving-key checks, rope fix-up. After
 writing, the command prints the plugin's serving modes that accept the export and each one's server
-flags (``specforge_outlets.serving.draft_modes``), so a head that EAGLE-3 mode refuses is known here.
+flags (``specforge_outlets.model.draft_modes``), so a head that EAGLE-3 mode refuses is known here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import os
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.serving.draft_modes import describe
+from specforge_outlets.model.draft_modes import describe
 
 DRAFT_CONFIG_FILE = "draft_config.json"
 

@@ -1,6 +1,6 @@
 """Test harness: a real SGLang server on the CPU for the tests, on the package's launcher.
 
-Not part of the plugin. ``specforge_outlets.serving.sglang_server`` starts and stops the server (in
+Not part of the plugin. ``specforge_outlets.loadgen.sglang_server`` starts and stops the server (in
 the serve environment, ``python -m sglang.launch_server`` in its own process group) and sends it
 requests; this module adds what the tests need on a CPU-only machine: the stub modules SGLang
 imports (``stubs/``) and the checkout on ``PYTHONPATH``, small fixed server settings, an environment
@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-from specforge_outlets.serving.sglang_server import SGLangServer as _Server
-from specforge_outlets.serving.sglang_server import omp_bind_groups  # noqa: F401  (the tests' import path)
+from specforge_outlets.loadgen.sglang_server import SGLangServer as _Server
+from specforge_outlets.loadgen.sglang_server import omp_bind_groups  # noqa: F401  (the tests' import path)
 from specforge_outlets.studies.sglang_plugins import EAGLE3_CPU, PD_CPU, TIMING
 
 HARNESS = os.path.dirname(os.path.abspath(__file__))

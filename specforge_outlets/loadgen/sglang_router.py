@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Optional, Sequence
 
-from specforge_outlets.serving.sglang_server import free_port
+from specforge_outlets.loadgen.sglang_server import free_port
 
 DEFAULT_START_TIMEOUT_S = 60.0
 LOAD_POLL_INTERVAL_S = 1  # --worker-startup-check-interval: how often power_of_two re-reads /get_load (its minimum)
