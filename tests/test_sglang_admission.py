@@ -52,7 +52,7 @@ class Held:
     prompt: int
     generated: int
     max_new: int
-    predicted: Optional[float] = None
+    predicted_output_len: Optional[float] = None
     arrival: float = 0.0
     retractions: int = 0
 
@@ -91,8 +91,8 @@ def sglang_req(held: Held):
     from sglang_patches import predictions
 
     setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
-    if held.predicted is not None:
-        predictions.set_predicted_output_len(req, held.predicted, "external")
+    if held.predicted_output_len is not None:
+        predictions.set_predicted_output_len(req, held.predicted_output_len, "external")
     return req
 
 
@@ -332,7 +332,7 @@ def test_kv_admission_by_prediction_decides_as_sglang_with_the_plugin(sglang_poo
     result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions)  # the plugin's order, as it runs
     assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
     assert len(recorder.rounds) > 20 and any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)
-    assert any(held.predicted is None for running, *_ in recorder.rounds for held in running)  # SGLang's charge too
+    assert any(held.predicted_output_len is None for running, *_ in recorder.rounds for held in running)  # SGLang's charge too
     for running, waiting, ratio, admitted, full in recorder.rounds:
         assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, ratio)
     for running, gone, ratio in recorder.retractions:
@@ -350,8 +350,8 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
     result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions, "peak")
     assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
     assert len(recorder.rounds) > 20 and any(0 < admitted < len(waiting) for _, waiting, _, admitted, _ in recorder.rounds)
-    assert any(held.generated > held.predicted for running, *_ in recorder.rounds for held in running
-               if held.predicted is not None)  # outlived their predictions: predicted again from the history
+    assert any(held.generated > held.predicted_output_len for running, *_ in recorder.rounds for held in running
+               if held.predicted_output_len is not None)  # outlived their predictions: predicted again from the history
     assert len(recorder.histories[-1]) > 20
     for (running, waiting, ratio, admitted, full), lengths in zip(recorder.rounds, recorder.histories):
         history = OutputLengthHistory()
@@ -393,7 +393,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
     engine.steps_done = 10_000
     for held in running:
         # asks max(1, output) = max_new
-        request = SimRequest(int(held.rid), held.arrival, held.prompt, held.max_new, held.predicted, 0)
+        request = SimRequest(int(held.rid), held.arrival, held.prompt, held.max_new, held.predicted_output_len, 0)
         request.reveal_prediction()
         request.retractions = held.retractions
         request.join_step = engine.steps_done - (held.generated - 1)
@@ -401,7 +401,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
         engine.running[request.index] = request
         engine.kv_tokens += held.prompt + held.generated
     for held in waiting:
-        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, held.predicted, 0)
+        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, held.predicted_output_len, 0)
         request.reveal_prediction()
         request.num_generated_tokens = held.generated  # retracted after this many, if any
         request.retractions = int(held.generated > 0)
@@ -467,11 +467,11 @@ def test_peak_admission_at_a_token_either_side_of_the_threshold_is_the_plugins(s
                         float(rng.choice([None, rng.integers(1, 700)]) or 0) or None) for i in range(int(rng.integers(1, 5)))]
         waiting = [Held(str(10 + i), int(rng.integers(20, 400)), int(rng.choice([0, 0, 30])), 600,
                         float(rng.integers(1, 700))) for i in range(3)]
-        occupants = [peak.occupant(KVRequest(0, h.generated, h.max_new, h.predicted, held=h.prompt + h.generated - 1),
+        occupants = [peak.occupant(KVRequest(0, h.generated, h.max_new, h.predicted_output_len, held=h.prompt + h.generated - 1),
                                    True) for h in running]
         first = waiting[0]
         occupants.append(peak.occupant(KVRequest(first.prompt + first.generated, first.generated, first.max_new,
-                                                 first.predicted), False))
+                                                 first.predicted_output_len), False))
         edge = int(np.ceil(future_peak(occupants)))  # the cache from which the first waiting request fits
         if edge + 3 > CAPACITY:
             continue

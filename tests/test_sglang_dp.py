@@ -29,7 +29,7 @@ def test_routes_by_predicted_work(server):
     long_result = {}
 
     def long_request():
-        long_result["response"] = server.generate(PROMPT + " long", max_new_tokens=300, predicted=2000)
+        long_result["response"] = server.generate(PROMPT + " long", max_new_tokens=300, predicted_output_len=2000)
         long_result["done"] = time.monotonic()
 
     thread = threading.Thread(target=long_request, daemon=True)
@@ -37,7 +37,7 @@ def test_routes_by_predicted_work(server):
     time.sleep(1.0)  # the long request is running and its rank's load snapshot says so
     # Four short requests: round robin would alternate ranks; least predicted work sends all of
     # them to the rank without the long request (4 x 10 << 2000 - tokens generated so far).
-    shorts = server.burst([{"text": f"{PROMPT} short {i}", "max_new_tokens": 2, "predicted": 10}
+    shorts = server.burst([{"text": f"{PROMPT} short {i}", "max_new_tokens": 2, "predicted_output_len": 10}
                            for i in range(4)], gap_s=0.05)
     thread.join(180)
     assert long_result["done"] > max(result["sent"] for result in shorts), "the long request finished too early"

@@ -37,15 +37,15 @@ def outlets_policy(monkeypatch, on=True):
     monkeypatch.setattr(state, "load_balance_is_outlets", lambda: False)
 
 
-def sglang_req(rid, prompt_len, generated=0, predicted=None):
+def sglang_req(rid, prompt_len, generated=0, predicted_output_len=None):
     """A real SGLang ``Req`` with the fields the load inquirer and the plugin read."""
     from sglang.srt.managers.schedule_batch import Req
 
     req = Req.__new__(Req)
     req.__dict__.update(rid=rid, origin_input_ids=[1] * prompt_len, output_ids=[2] * generated,
                         customized_info=None, sampling_params=SimpleNamespace(custom_params=None))
-    if predicted is not None:
-        P.set_predicted_output_len(req, predicted, "external")
+    if predicted_output_len is not None:
+        P.set_predicted_output_len(req, predicted_output_len, "external")
     return req
 
 
@@ -85,7 +85,8 @@ def through_shared_memory(tmp_path, snapshots, dp_size):
 
 def queues():
     # running: predicted 500 with 100 generated (400 left), unknown (the prior, 256); waiting: predicted 50
-    return [sglang_req("a", 30, generated=100, predicted=500), sglang_req("b", 20)], [sglang_req("c", 40, predicted=50)]
+    return ([sglang_req("a", 30, generated=100, predicted_output_len=500), sglang_req("b", 20)],
+            [sglang_req("c", 40, predicted_output_len=50)])
 
 
 def test_each_rank_reports_its_predicted_remaining_work_as_an_integer(plugins_loaded, monkeypatch, tmp_path):
@@ -126,9 +127,9 @@ def test_pd_decode_counts_queued_and_retracted_requests(plugins_loaded, monkeypa
     from sglang.srt.disaggregation.decode import DecodeRequest
 
     # SGLang's PD decode queues: waiting for KV slots, retracted (5 of 25 generated), KV in transfer
-    prealloc = SimpleNamespace(queue=[DecodeRequest(req=sglang_req("d", 10, predicted=30), kv_receiver=None)],
-                               retracted_queue=[sglang_req("e", 10, generated=5, predicted=25)])
-    transfer = SimpleNamespace(queue=[DecodeRequest(req=sglang_req("f", 10, predicted=40), kv_receiver=None)])
+    prealloc = SimpleNamespace(queue=[DecodeRequest(req=sglang_req("d", 10, predicted_output_len=30), kv_receiver=None)],
+                               retracted_queue=[sglang_req("e", 10, generated=5, predicted_output_len=25)])
+    transfer = SimpleNamespace(queue=[DecodeRequest(req=sglang_req("f", 10, predicted_output_len=40), kv_receiver=None)])
     object.__setattr__(check, "get_disagg_decode_prealloc_queue", lambda: prealloc)
     object.__setattr__(check, "get_disagg_decode_transfer_queue", lambda: transfer)
     snapshot = check.get_loads()

@@ -320,8 +320,8 @@ def test_retraction_retracts_the_longest_predicted_remaining_first(plugins_loade
 # --- EAGLE-3 mode: the draft's estimates reach the requests and every reader ---------------------------
 
 
-def decoding(rid, output_len, predicted=None, arrival=0.0):
-    req = request(rid, predicted, arrival=arrival, generated=output_len)
+def decoding(rid, output_len, predicted_output_len=None, arrival=0.0):
+    req = request(rid, predicted_output_len, arrival=arrival, generated=output_len)
     req.finished = lambda: False
     return req
 
@@ -385,7 +385,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
 
 def test_a_step_without_new_tokens_a_finished_request_or_a_clients_prediction_keeps_its_prediction(plugins_loaded):
     chunked, done, bad = decoding("chunked", 0), decoding("done", 4), decoding("bad", 4)
-    client = decoding("client", 0, predicted=80.0)  # custom_params: precedence over the draft
+    client = decoding("client", 0, predicted_output_len=80.0)  # custom_params: precedence over the draft
     for req, value in ((done, 50.0), (bad, 60.0)):
         P.set_predicted_output_len(req, value, "draft")
     done.finished = lambda: True
@@ -401,7 +401,7 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
         def log_remaining_from_draft_state(self, states):
             raise RuntimeError("boom")
 
-    fresh, running = decoding("fresh", 0), decoding("running", 5, predicted=70.0)
+    fresh, running = decoding("fresh", 0), decoding("running", 5, predicted_output_len=70.0)
     worker = SimpleNamespace(outlets_length_draft=Broken())
     batch = SimpleNamespace(reqs=[fresh, running], forward_mode=SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False))
     import torch

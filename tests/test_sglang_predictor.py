@@ -55,5 +55,5 @@ def test_predictor_failure_falls_back_to_the_prior_and_keeps_serving(server):
 
 
 def test_external_prediction_takes_precedence_over_the_draft(server):
-    response = server.generate(input_ids=PROMPTS[0], max_new_tokens=2, predicted=9)
+    response = server.generate(input_ids=PROMPTS[0], max_new_tokens=2, predicted_output_len=9)
     assert response["meta_info"]["predicted_output_len"] == 9.0

@@ -29,7 +29,7 @@ from tests.sglang_harness.server import completion_order, start_server  # noqa: 
 LEVELS = (0.1, 0.5, 0.9)
 PROMPT = "hello world the quick brown fox"
 # The blocker runs (one request at a time) while the burst queues behind it; 400 tokens as in test_sglang_server.py.
-BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted": 5000}
+BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted_output_len": 5000}
 # Total-length quantiles at LEVELS, every median 200 tokens, in arrival order (neither sorted by any key nor reversed).
 BURST = {
     "narrow": (180.0, 200.0, 220.0),

@@ -29,13 +29,13 @@ GREEDY_TOKENS = {}  # output ids per server kind, compared at the end
 # is quick. The first request blocks the server
 # (one request runs at a time) while the others queue up behind it; 400 tokens, because 120 were
 # done in 0.3 s once, before the burst had been sent.
-BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted": 5000}
+BLOCKER = {"text": PROMPT + " blocker", "max_new_tokens": 400, "predicted_output_len": 5000}
 BURST_PREDICTIONS = [900, 100, 700, 300, 500, 200]
 
 
 def burst(server):
     requests = [BLOCKER] + [
-        {"text": f"{PROMPT} {index}", "max_new_tokens": 2, "predicted": predicted}
+        {"text": f"{PROMPT} {index}", "max_new_tokens": 2, "predicted_output_len": predicted}
         for index, predicted in enumerate(BURST_PREDICTIONS)
     ]
     results = server.burst(requests, gap_s=0.05)
@@ -65,7 +65,7 @@ class TestOutletsPolicy:
         assert burst(server) == short + long
 
     def test_prediction_is_reported_in_meta_info(self, server):
-        response = server.generate(PROMPT, max_new_tokens=3, predicted=42)
+        response = server.generate(PROMPT, max_new_tokens=3, predicted_output_len=42)
         assert response["meta_info"]["predicted_output_len"] == 42.0
         assert response["meta_info"]["completion_tokens"] == 3
         # without a prediction and without a predictor the key uses the prior, and the response
@@ -86,7 +86,7 @@ class TestOutletsPolicy:
                                 "sampling_params": {"max_new_tokens": 2}})
         assert "request bad-stream: " in stream[-1]["error"]["message"], stream
         # and ordinary requests are still served afterwards
-        assert server.generate(PROMPT, max_new_tokens=2, predicted=7)["meta_info"]["predicted_output_len"] == 7.0
+        assert server.generate(PROMPT, max_new_tokens=2, predicted_output_len=7)["meta_info"]["predicted_output_len"] == 7.0
 
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
@@ -100,7 +100,7 @@ class TestOutletsPolicy:
         assert "Failed to apply hooks" not in log and "Failed to execute general plugin" not in log
 
     def test_prometheus_metrics(self, server):
-        server.generate(PROMPT, max_new_tokens=3, predicted=10)  # abs error 7
+        server.generate(PROMPT, max_new_tokens=3, predicted_output_len=10)  # abs error 7
         burst(server)  # reorders the waiting queue
         text = server.get("/metrics")
         assert re.search(r"^outlets_prediction_abs_error_tokens_count\S* [1-9]", text, re.M), text[-2000:]
@@ -108,7 +108,7 @@ class TestOutletsPolicy:
             line for line in text.splitlines() if "outlets" in line]
 
     def test_greedy_tokens_and_the_prediction_come_back(self, server):
-        response = server.generate(PROMPT, max_new_tokens=6, predicted=3)
+        response = server.generate(PROMPT, max_new_tokens=6, predicted_output_len=3)
         assert len(response["output_ids"]) == 6 and response["meta_info"]["predicted_output_len"] == 3.0
         GREEDY_TOKENS["outlets"] = response["output_ids"]  # compared with the stock server's below
 
@@ -126,7 +126,7 @@ class TestOutletsPolicy:
 
         def run():
             try:
-                server.generate(PROMPT + " load", max_new_tokens=400, predicted=5000)
+                server.generate(PROMPT + " load", max_new_tokens=400, predicted_output_len=5000)
             finally:
                 done.set()
 
@@ -164,7 +164,7 @@ class TestStock:
         assert burst(server) == BURST_PREDICTIONS
 
     def test_no_prediction_no_log_line(self, server):
-        response = server.generate(PROMPT, max_new_tokens=3, predicted=42)
+        response = server.generate(PROMPT, max_new_tokens=3, predicted_output_len=42)
         assert "predicted_output_len" not in response["meta_info"]
         # The hooks are applied in every SGLang process (test_sglang_plugin.py proves it) but pass
         # through: no start-up line, no prediction.

@@ -144,11 +144,11 @@ class SGLangServer:
                     chunks.append(json.loads(line[len("data:"):]))
         return chunks
 
-    def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted=None,
+    def generate(self, text=None, *, input_ids=None, max_new_tokens: int = 4, predicted_output_len=None,
                  timeout: float = REQUEST_TIMEOUT_S, **sampling) -> dict:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
-        if predicted is not None:
-            params["custom_params"] = {"outlets_predicted_output_len": predicted}
+        if predicted_output_len is not None:
+            params["custom_params"] = {"outlets_predicted_output_len": predicted_output_len}
         body = {"sampling_params": params}
         if input_ids is not None:
             body["input_ids"] = input_ids

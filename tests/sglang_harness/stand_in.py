@@ -15,25 +15,26 @@ class StandInReq(SimpleNamespace):
     __eq__ = object.__eq__
 
 
-def request(rid, predicted=None, quantiles=None, arrival=0.0, generated=0, custom=None, prompt_len=4) -> StandInReq:
+def request(rid, predicted_output_len=None, quantiles=None, arrival=0.0, generated=0, custom=None,
+            prompt_len=4) -> StandInReq:
     """A waiting request with what the plugin's hooks read: its arrival stamp, prompt, tokens generated so far,
     sampling params (``custom``: its ``custom_params``) and, if given, an external prediction and its quantiles."""
     req = StandInReq(rid=rid, output_ids=[0] * generated, customized_info=None, origin_input_ids=[1] * prompt_len,
                      sampling_params=SimpleNamespace(custom_params=custom, max_new_tokens=4000, ignore_eos=False))
     req.outlets_arrival_time = arrival
     req.finished = lambda: False
-    if predicted is not None:
-        P.set_predicted_output_len(req, predicted, "external", quantiles)
+    if predicted_output_len is not None:
+        P.set_predicted_output_len(req, predicted_output_len, "external", quantiles)
     return req
 
 
-def real_request(rid, predicted=None, quantiles=None, arrival=0.0, prompt_len=4):
+def real_request(rid, predicted_output_len=None, quantiles=None, arrival=0.0, prompt_len=4):
     """A real SGLang ``Req`` (about 160 attributes, as the scheduler holds them) with :func:`request`'s fields
     and what ``Req.reset_for_retract`` reads."""
     from sglang.srt.managers.schedule_batch import Req
 
     req = Req.__new__(Req)
-    req.__dict__.update(request(rid, predicted, quantiles, arrival=arrival, prompt_len=prompt_len).__dict__)
+    req.__dict__.update(request(rid, predicted_output_len, quantiles, arrival=arrival, prompt_len=prompt_len).__dict__)
     req.__dict__.update(retraction_count=0, kv=SimpleNamespace(holds_kv=False), input_embeds=None)
     return req
 
