@@ -229,11 +229,12 @@ def sjf_sort_key(
     return remaining + config.aging_tokens_per_s * arrival_time, arrival_time
 
 
-def aging_window_s(predicted_remaining: float, config: SchedulingConfig) -> float:
-    """Seconds after a request's arrival beyond which no later arrival can be ordered ahead of it."""
+def aging_window_s(remaining_tokens: float, config: SchedulingConfig) -> float:
+    """Seconds after a request's arrival beyond which no later arrival can be ordered ahead of it, for a request
+    of ``remaining_tokens`` predicted remaining output tokens (:func:`predicted_remaining`)."""
     if config.aging_tokens_per_s == 0:
         return math.inf
-    return max(predicted_remaining - MIN_PREDICTED_REMAINING, 0.0) / config.aging_tokens_per_s
+    return max(remaining_tokens - MIN_PREDICTED_REMAINING, 0.0) / config.aging_tokens_per_s
 
 
 def retraction_order_key(
