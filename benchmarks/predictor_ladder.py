@@ -1,4 +1,4 @@
-"""The ladder of predictors: does better prediction give better serving, against SGLang at its best? (issue 35)
+"""The ladder of predictors: does better prediction give better serving, against SGLang at its best?
 
 Rungs (``RUNGS``), from no information to all of it: none; a constant (the train split's median,
 261 tokens); OUTLETS r̂₀ shuffled across requests (its values, no per-request information); the
