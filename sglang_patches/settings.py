@@ -21,7 +21,6 @@ from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
-    PEAK_ADMISSIONS,
     KVAdmission,
     DEFAULT_LONG_HOLDBACK,
     DEFAULT_LONG_OUTPUT_LEN,
@@ -57,8 +56,13 @@ ENV_KV_QUANTILE = "OUTLETS_KV_QUANTILE"
 ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
 
 # KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values; sglang: SGLang's own
-# estimate, the plugin's KV admission off), the default first, and the setting each one reads beside the rule
-KV_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE) + PEAK_ADMISSIONS + (KVAdmission.SGLANG,)
+# estimate, the plugin's KV admission off), the default first, and the setting each one reads beside the rule.
+# The default is peak: in the simulated ladder of predictors (docs/admission.md) the charge (predicted) admitted
+# less the more accurate the predictions were (ceiling and oracle 1.3-3x the best tuned SGLang's short P99 at
+# the knees), while the peak put them in order and tied where the cache does not bind; past the label set's knee
+# (one seed) OUTLETS' r̂₀ was worse under the peak than under the charge.
+KV_ADMISSIONS = (KVAdmission.PEAK, KVAdmission.PREDICTED, KVAdmission.QUANTILE, KVAdmission.PAST_FUTURE,
+                 KVAdmission.SGLANG)
 KV_MARGIN_READERS = (KVAdmission.PREDICTED,)
 KV_QUANTILE_READERS = (KVAdmission.QUANTILE, KVAdmission.PEAK)
 
@@ -100,17 +104,19 @@ FLAGS = (
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
     ("--outlets-kv-admission", "outlets_kv_admission", ENV_KV_ADMISSION, str,
      f"OUTLETS: how the KV cache admits a waiting request, one of {', '.join(rule.value for rule in KV_ADMISSIONS)} "
-     f"(default {KV_ADMISSIONS[0].value}). {KVAdmission.PREDICTED.value}: a request with a prediction is charged its "
-     "predicted remaining length x (1 + --outlets-kv-margin) of output KV, at most SGLang's own cap, instead of its "
-     f"remaining max_new_tokens (new_token_ratio of it once running); {KVAdmission.QUANTILE.value}: the "
-     f"--outlets-kv-quantile quantile of its predicted remaining length instead; {KVAdmission.PEAK.value}: admit a "
-     "request only while the predicted future peak of the KV cache with it fits (each request grows to its predicted "
-     "end, then frees its KV; one that outlived its prediction is predicted again from the output lengths seen); "
-     f"{KVAdmission.PAST_FUTURE.value}: the same peak from the output lengths seen only, no prediction (LightLLM's "
-     f"past-future scheduler); {KVAdmission.SGLANG.value}: SGLang's own estimate."),
+     f"(default {KV_ADMISSIONS[0].value}). {KVAdmission.PEAK.value}: admit a request only while the predicted future "
+     "peak of the KV cache with it fits (nothing charged ahead; each request grows to its predicted end, its "
+     "--outlets-kv-quantile quantile when it has quantiles, then frees its KV; one that outlived its prediction, or "
+     "has none, is predicted from the output lengths seen); "
+     f"{KVAdmission.PREDICTED.value}: a request with a prediction is charged its predicted remaining length x "
+     "(1 + --outlets-kv-margin) of output KV, at most SGLang's own cap, instead of its remaining max_new_tokens "
+     f"(new_token_ratio of it once running); {KVAdmission.QUANTILE.value}: the --outlets-kv-quantile quantile of its "
+     f"predicted remaining length instead; {KVAdmission.PAST_FUTURE.value}: the peak from the output lengths seen "
+     f"only, no prediction (LightLLM's past-future scheduler); {KVAdmission.SGLANG.value}: SGLang's own estimate."),
     ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
-     f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value}: the share of the predicted remaining length "
-     f"charged on top of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
+     f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value} only (not the default, "
+     f"{KV_ADMISSIONS[0].value}; refused without it): the share of the predicted remaining length charged on top "
+     f"of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
      f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
@@ -125,9 +131,10 @@ FLAGS = (
      "OUTLETS tail-safe: a request is in the long class when this quantile of its predicted remaining length "
      "reaches --outlets-long-output-len (default: its point prediction). A level strictly between 0 and 1."),
     ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
-     f"OUTLETS --outlets-kv-admission {KVAdmission.QUANTILE.value}: the quantile of the predicted remaining length "
-     f"charged (a request without quantiles is charged its point prediction); {KVAdmission.PEAK.value}: the quantile "
-     f"each request's end is read at. Default {DEFAULT_KV_QUANTILE:g}; a level strictly between 0 and 1."),
+     f"OUTLETS --outlets-kv-admission {KVAdmission.PEAK.value} (the default): the quantile of a request's predicted "
+     f"remaining length read as its end (a request without quantiles ends at its point prediction); "
+     f"{KVAdmission.QUANTILE.value}: the quantile charged. Default {DEFAULT_KV_QUANTILE:g}; a level strictly between "
+     "0 and 1; refused with the other rules."),
     ("--outlets-quantile-levels", "outlets_quantile_levels", ENV_QUANTILE_LEVELS, str,
      f"OUTLETS: levels of the predicted quantiles, comma-separated (default: the OUTLETS draft's quantile_levels "
      f"when it has a quantile head, else {','.join(f'{level:g}' for level in DEFAULT_QUANTILE_LEVELS)}); a client's "
@@ -268,7 +275,8 @@ def draft_quantile_levels(path: Optional[str]) -> Optional[Tuple[float, ...]]:
 def _kv_settings(env: Mapping[str, str]) -> Tuple[KVAdmission, float, float]:
     """--outlets-kv-admission, --outlets-kv-margin and --outlets-kv-quantile; a margin or quantile given to a rule
     that does not read it is refused rather than ignored."""
-    raw = (env.get(ENV_KV_ADMISSION) or KV_ADMISSIONS[0].value).strip().lower()
+    given = (env.get(ENV_KV_ADMISSION) or "").strip().lower()
+    raw = given or KV_ADMISSIONS[0].value
     rules = {rule.value: rule for rule in KV_ADMISSIONS}
     if raw not in rules:
         raise OutletsSettingsError(f"{ENV_KV_ADMISSION} (--outlets-kv-admission)={raw!r}: choose one of "
@@ -281,9 +289,11 @@ def _kv_settings(env: Mapping[str, str]) -> Tuple[KVAdmission, float, float]:
     for value, name, flag, readers in ((kv_margin, ENV_KV_MARGIN, "--outlets-kv-margin", KV_MARGIN_READERS),
                                        (kv_quantile, ENV_KV_QUANTILE, "--outlets-kv-quantile", KV_QUANTILE_READERS)):
         if value is not None and rule not in readers:
+            chosen = (f"{ENV_KV_ADMISSION}={rule.value}" if given else
+                      f"the default, --outlets-kv-admission {rule.value} ({ENV_KV_ADMISSION} unset)")
             raise OutletsSettingsError(
                 f"{name} ({flag}) is read by --outlets-kv-admission {' or '.join(r.value for r in readers)}, not by "
-                f"{ENV_KV_ADMISSION}={rule.value}: leave it out or choose one of those")
+                f"{chosen}: leave it out or choose one of those")
     return (rule, DEFAULT_KV_MARGIN if kv_margin is None else kv_margin,
             DEFAULT_KV_QUANTILE if kv_quantile is None else kv_quantile)
 

@@ -40,7 +40,7 @@ from specforge_outlets.simulation.sglang_peers import queue_policy, routing_poli
 
 CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
 MAX_NEW_TOKENS = 600
-KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default) and the simulator's kv_margin
+KV_MARGIN = 0.2  # the plugin's --outlets-kv-margin (its default, read by the charge) and the simulator's kv_margin
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,10 @@ def sglang_req(held: Held):
 
 @pytest.fixture
 def plugin_kv_admission(monkeypatch):
-    """The plugin's KV admission by prediction around SGLang's ``PrefillAdder`` and its retraction order
-    around ``ScheduleBatch``, as ``--schedule-policy outlets --outlets-kv-margin KV_MARGIN`` installs them."""
-    yield from plugin_hooks(monkeypatch, {"OUTLETS_KV_MARGIN": str(KV_MARGIN)})
+    """The plugin's KV charge by prediction around SGLang's ``PrefillAdder`` and its retraction order
+    around ``ScheduleBatch``, as ``--schedule-policy outlets --outlets-kv-admission predicted --outlets-kv-margin
+    KV_MARGIN`` installs them."""
+    yield from plugin_hooks(monkeypatch, {"OUTLETS_KV_ADMISSION": "predicted", "OUTLETS_KV_MARGIN": str(KV_MARGIN)})
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from specforge_outlets.scheduling import QueuePolicy, SchedulingConfig, admission_order, aging_window_s  # noqa: E402
+from specforge_outlets.scheduling import (  # noqa: E402
+    KVAdmission, PeakAdmission, QueuePolicy, SchedulingConfig, admission_order, aging_window_s,
+)
 from sglang_patches import (  # noqa: E402
     customized_info, key_tables, kv_admission, meta_info, order_keys, ordering, predictions as P, routing, speculative,
     state,
@@ -26,7 +28,7 @@ from tests.sglang_harness.config_dirs import write_export, write_target  # noqa:
 from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
-    OutletsSettingsError, read_settings, validate_draft_dir,
+    KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
 )
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
@@ -350,6 +352,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")  # the charge, which shows the estimate as a budget
     monkeypatch.setenv(ENV_KV_MARGIN, "0")
     state.reset_settings()
     config = state.settings().scheduling
@@ -531,6 +534,41 @@ def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded)
         LoadBalanceMethod.from_str("bogus")
 
 
+def test_the_default_kv_admission_is_the_predicted_peak(plugins_loaded, no_outlets_settings, monkeypatch, tmp_path,
+                                                       capsys):
+    """A server started without --outlets-kv-admission admits by the predicted future peak (it reads
+    --outlets-kv-quantile); --outlets-kv-margin, which only the charge reads, is refused naming the default."""
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    assert KV_ADMISSIONS[0] is KVAdmission.PEAK and KVAdmission.PREDICTED in KV_ADMISSIONS
+    assert PluginSettings(SchedulingConfig(), QueuePolicy.TAIL_SAFE, None).kv_admission is KVAdmission.PEAK
+    defaults = read_settings({})
+    assert (defaults.kv_admission, defaults.kv_margin, defaults.kv_quantile) == (KVAdmission.PEAK, 0.2, 0.9)
+
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets"])
+    assert ENV_KV_ADMISSION not in os.environ and state.settings().kv_admission is KVAdmission.PEAK
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    assert isinstance(kv_admission.admission(), PeakAdmission) and kv_admission.admission().kv_quantile == 0.9
+    running = request("r", 300, generated=100)
+    running.sampling_params = SimpleNamespace(max_new_tokens=1000, ignore_eos=False, custom_params=None)
+    assert PrefillAdder._get_running_request_total_token_offset(SimpleNamespace(new_token_ratio=0.5), running) == 0
+
+    with pytest.raises(SystemExit):  # the margin alone: refused, not ignored
+        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-margin", "0.3"])
+    assert ("error: OUTLETS_KV_MARGIN (--outlets-kv-margin) is read by --outlets-kv-admission predicted, not by the "
+            "default, --outlets-kv-admission peak (OUTLETS_KV_ADMISSION unset): leave it out or choose one of those"
+            ) in capsys.readouterr().err
+    os.environ.pop(ENV_KV_MARGIN)
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-admission",
+                         "predicted", "--outlets-kv-margin", "0.3"])
+    assert (state.settings().kv_admission, state.settings().kv_margin) == (KVAdmission.PREDICTED, 0.3)
+    for name in (ENV_KV_ADMISSION, ENV_KV_MARGIN):
+        os.environ.pop(name)
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-quantile", "0.8"])
+    assert (state.settings().kv_admission, state.settings().kv_quantile) == (KVAdmission.PEAK, 0.8)
+
+
 def test_kv_admission_by_prediction_charges_running_requests_their_predicted_remaining(plugins_loaded, monkeypatch):
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
@@ -542,13 +580,15 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
         return req
 
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")  # the charge (the default is the peak)
+    state.reset_settings()
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(adder, running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
     for sglang in ("sglang", " SGLang "):
         monkeypatch.setenv(ENV_KV_ADMISSION, sglang)
         state.reset_settings()
         assert offset(adder, running(300, 100)) == 450  # SGLang's 0.5 x (1000 - 100)
-    monkeypatch.delenv(ENV_KV_ADMISSION)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")
     monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
     state.reset_settings()
     assert offset(adder, running(300, 100)) == 300  # (300 - 100) x 1.5
@@ -566,14 +606,14 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
         with pytest.raises(OutletsSettingsError, match=f"OUTLETS_KV_MARGIN.*'{bad}'.*(>= 0|is not a number)"):
             read_settings()
     monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
-    for rule in ("sglang", "peak", "quantile"):  # rules that read no margin refuse one
+    for rule in ("sglang", "peak", "quantile", "past-future"):  # rules that read no margin refuse one
         monkeypatch.setenv(ENV_KV_ADMISSION, rule)
         with pytest.raises(OutletsSettingsError, match=f"OUTLETS_KV_MARGIN \\(--outlets-kv-margin\\) is read by "
                                                        f"--outlets-kv-admission predicted, not by OUTLETS_KV_ADMISSION={rule}"):
             read_settings()
     monkeypatch.setenv(ENV_KV_ADMISSION, "off")
     with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_ADMISSION \\(--outlets-kv-admission\\)='off': choose "
-                                                   "one of predicted, quantile, peak, past-future, sglang"):
+                                                   "one of peak, predicted, quantile, past-future, sglang"):
         read_settings()
 
 
@@ -595,6 +635,7 @@ def test_kv_admission_by_prediction_charges_a_request_being_admitted_its_predict
 
     assert PrefillAdder.add_one_req.__wrapped__ is not None  # the hook is on SGLang's method
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")
     monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
     state.reset_settings()
     for req, asked in ((waiting(40), 60), (waiting(300, generated=100), 100 + 300),  # retracted: 200 left x 1.5

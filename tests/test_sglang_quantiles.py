@@ -51,7 +51,7 @@ def test_defaults_are_todays_behaviour():
     current = read_settings({})
     assert current.scheduling == SchedulingConfig()  # point key, no long-class quantile, the default levels
     assert current.scheduling.order_key is OrderKey.POINT and current.scheduling.long_class_quantile is None
-    assert current.kv_admission is KVAdmission.PREDICTED and current.order is QueuePolicy.TAIL_SAFE
+    assert current.kv_admission is KVAdmission.PEAK and current.order is QueuePolicy.TAIL_SAFE  # the predicted peak
     assert (current.kv_margin, current.kv_quantile) == (0.2, 0.9)
     assert not current.scheduling.uses_distribution
 
@@ -82,8 +82,8 @@ def test_cli_carries_the_distribution_flags_to_spawned_processes(plugins_loaded,
     ({ENV_LONG_CLASS_QUANTILE: "high"}, r"--outlets-long-class-quantile\)='high'"),
     ({ENV_ORDER: "sjf", ENV_LONG_CLASS_QUANTILE: "0.9"}, r"--outlets-long-class-quantile\) sets the tail-safe"),
     ({ENV_KV_QUANTILE: "0"}, r"--outlets-kv-quantile\)='0': give a level strictly between 0 and 1"),
-    ({ENV_KV_QUANTILE: "0.9"}, r"--outlets-kv-quantile\) is read by --outlets-kv-admission quantile or peak, not by "
-                               r"OUTLETS_KV_ADMISSION=predicted"),
+    ({ENV_KV_ADMISSION: "predicted", ENV_KV_QUANTILE: "0.9"},
+     r"--outlets-kv-quantile\) is read by --outlets-kv-admission quantile or peak, not by OUTLETS_KV_ADMISSION=predicted"),
     ({ENV_QUANTILE_LEVELS: "0.5,0.1"}, r"--outlets-quantile-levels\)='0.5,0.1': levels must be strictly increasing"),
     ({ENV_QUANTILE_LEVELS: "0.1,1.2"}, r"--outlets-quantile-levels\)='0.1,1.2': levels must be .*between 0 and 1"),
     ({ENV_QUANTILE_LEVELS: "low,high"}, r"--outlets-quantile-levels\)='low,high': not a comma-separated list"),
@@ -350,10 +350,10 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
     wide = tuple(LengthDistribution.log_normal(300.0, 1.0).quantiles)
     running = request("wide", 300.0, wide, generated=100)
     point = request("point", 300.0, generated=100)
-    use_env(monkeypatch)
+    use_env(monkeypatch, **{ENV_KV_ADMISSION: "predicted"})
     config = state.settings().scheduling
     margin_charge = predicted_output_budget(300.0, 100, 0.2, 3900, config)
-    assert offset(adder, running) == offset(adder, point) == margin_charge == 240  # today: (300 - 100) x 1.2
+    assert offset(adder, running) == offset(adder, point) == margin_charge == 240  # the charge: (300 - 100) x 1.2
     use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.9"})
     expected = quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.9, 3900)
     assert offset(adder, running) == expected and expected > 600  # the wide distribution's upper tail

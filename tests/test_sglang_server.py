@@ -48,14 +48,14 @@ def burst(server):
 
 class TestOutletsPolicy:
     """The default order (tail-safe) with strict priority of the short class (hold-back 1), so that
-    the expected order does not depend on how long the burst waited; KV admission by prediction on."""
+    the expected order does not depend on how long the burst waited; the default KV admission (no
+    ``--outlets-kv-admission``: the predicted future peak, which the start-up log names)."""
 
     @pytest.fixture(scope="class")
     def server(self, chat_target, tmp_path_factory):
         server = start_server(chat_target, str(tmp_path_factory.mktemp("outlets-log")),
                               ["--schedule-policy", "outlets", "--max-running-requests", "1", "--enable-metrics",
-                               "--outlets-long-output-len", "600", "--outlets-long-holdback", "1",
-                               "--outlets-kv-margin", "0.2"])
+                               "--outlets-long-output-len", "600", "--outlets-long-holdback", "1"])
         yield server
         server.stop()
 
@@ -91,7 +91,7 @@ class TestOutletsPolicy:
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
         match = re.search(r"OUTLETS schedule-policy: mode=(.*?), order=tail-safe \(long_output_len=600, "
-                          r"long_holdback=1, .*kv_admission=predicted \(kv_margin=0.2\), prior_output_len=256, "
+                          r"long_holdback=1, .*kv_admission=peak \(kv_quantile=0.9\), prior_output_len=256, "
                           r"hooks applied: (\d+)/(\d+)", log)
         assert match, log[-3000:]
         assert match.group(1).startswith("external predictions")
@@ -201,7 +201,8 @@ class TestStock:
 
 
 class TestKVAdmissionOfNewRequests:
-    """KV admission by prediction for requests being admitted (``--outlets-kv-admission``), against stock.
+    """KV admission by prediction for requests being admitted (``--outlets-kv-admission``: the charge, a
+    quantile, the peak), against stock.
 
     A 700-token KV cache and four requests that may generate up to 400 tokens each, predicted to
     need 5, sent in one batch; each stops at its second token (``stop_token_ids``: the tiny target
@@ -236,7 +237,8 @@ class TestKVAdmissionOfNewRequests:
         stock = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-stock")),
                                            ["--schedule-policy", "fcfs"])
         predicted = self.largest_prefill_batch(chat_target, str(tmp_path_factory.mktemp("kv-outlets")),
-                                               ["--schedule-policy", "outlets", "--outlets-kv-margin", "0.2"])
+                                               ["--schedule-policy", "outlets", "--outlets-kv-admission", "predicted",
+                                                "--outlets-kv-margin", "0.2"])
         assert stock <= 2 < predicted == 4, (stock, predicted)
 
     def test_a_request_being_admitted_is_charged_the_chosen_quantile(self, chat_target, tmp_path_factory):
