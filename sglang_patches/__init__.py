@@ -1,8 +1,9 @@
 """OUTLETS plugin for SGLang, scheduling by predicted output length.
 
-- ``--schedule-policy outlets``: by default KV admission by prediction (a request with a prediction is
-  charged its predicted remaining length + 20% of KV cache, ``--outlets-kv-admission predicted
-  --outlets-kv-margin 0.2``; ``--outlets-kv-admission sglang`` keeps SGLang's estimate) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
+- ``--schedule-policy outlets``: by default KV admission by the predicted future peak (a waiting request is
+  admitted only while the predicted peak of the cache with it fits, ``--outlets-kv-admission peak``;
+  ``predicted`` charges a request its predicted remaining length + ``--outlets-kv-margin`` (20%) instead,
+  ``sglang`` keeps SGLang's estimate) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
   class, a long request yielding only briefly, ``--outlets-long-holdback``; ``--outlets-order sjf``
   for shortest predicted remaining first with aging); retraction of the longest predicted remaining
   first; the same order on the PD decode queue.

@@ -1,9 +1,10 @@
-"""KV admission by prediction (``--outlets-kv-admission``): a request holds its predicted remaining output of KV cache.
+"""KV admission by prediction (``--outlets-kv-admission``): the predicted future peak of the cache (the default),
+or a request charged its predicted remaining output of KV cache.
 
 SGLang charges a request it admits its whole remaining ``max_new_tokens`` of output KV, and a running
 request ``new_token_ratio`` of it, when it decides whether new requests fit. With a prediction the
-plugin (``--outlets-kv-admission predicted``, its default) charges the predicted remaining length plus
-``--outlets-kv-margin`` of it instead
+plugin's charge (``--outlets-kv-admission predicted``, its default until the peak replaced it) charges the
+predicted remaining length plus ``--outlets-kv-margin`` of it instead
 (``specforge_outlets.scheduling.PredictedChargeAdmission``: the charge is written once, in the
 scheduling core, which the simulator runs too), at most what SGLang would charge:
 
@@ -17,14 +18,14 @@ predicted remaining length (``specforge_outlets.scheduling.QuantileChargeAdmissi
 quantiles when it has them, else a point mass at its prediction, which charges the predicted
 remaining without a margin (as the simulator's ``kv_admission: quantile``).
 
-With ``--outlets-kv-admission peak`` (``specforge_outlets.scheduling.PeakAdmission``) nothing is charged
-ahead (both hooks charge 0 output tokens, so SGLang's arithmetic checks only that the prompt fits now)
+With ``--outlets-kv-admission peak``, the default (``specforge_outlets.scheduling.PeakAdmission``), nothing is
+charged ahead (both hooks charge 0 output tokens, so SGLang's arithmetic checks only that the prompt fits now)
 and ``add_one_req`` first refuses a request (``NO_TOKEN``) when the predicted future peak of the KV
 cache with it, the running requests and those admitted earlier in the round would exceed what the
-cache holds; each request grows to its predicted end, and one that outlived its prediction is
-predicted again from the output lengths this scheduler saw finish (recorded as requests leave their
-batch, ``ScheduleBatch.filter_batch``). ``past-future`` reads those lengths only. A chunked prompt
-still being prefilled is not in the peak of the rounds its chunks span.
+cache holds; each request grows to its predicted end, and one that outlived its prediction, or has none,
+is predicted from the output lengths this scheduler saw finish (recorded as requests leave their batch,
+``ScheduleBatch.filter_batch``; before any finished, to its ``max_new_tokens``). ``past-future`` reads those
+lengths only. A chunked prompt still being prefilled is not in the peak of the rounds its chunks span.
 
 A request that ignores EOS runs to ``max_new_tokens`` whatever is predicted and is charged as stock.
 Requests are predicted at admission only when the prediction came with them (``custom_params``) or

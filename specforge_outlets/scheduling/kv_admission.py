@@ -74,8 +74,8 @@ class KVAdmission(Enum):
     # prompt + max(max_new_tokens, its output) reserved per request: the cache can never overflow,
     # nothing is retracted (the simulator's reference; no engine admits this way)
     MAX_NEW_TOKENS = "max-new-tokens"
-    # the plugin's default: SGLang's rounds and retraction with a predicted request charged
-    # its predicted remaining x (1 + kv_margin) instead of its share of max_new_tokens
+    # the plugin's charge (its default before peak): SGLang's rounds and retraction with a predicted request
+    # charged its predicted remaining x (1 + kv_margin) instead of its share of max_new_tokens
     # (PredictedChargeAdmission); a request not (yet) predicted is charged as SGLang charges it. On the
     # simulator's disaggregated decode instances, whose admission the plugin does not hook: a reservation
     # of prompt + generated + that budget (the full one without a prediction, and after a retraction).
@@ -96,9 +96,9 @@ class KVAdmission(Enum):
     # prediction x (1 + kv_margin) (QuantileChargeAdmission); a request
     # without quantiles (the oracle) is charged its point prediction
     QUANTILE = "quantile"
-    # the predicted future peak within the cache (PeakAdmission): each request's predicted end (r̂ₜ
-    # where the draft re-predicts), its kv_quantile-quantile with quantiles, the history's expected
-    # remaining once it outlived its prediction or without one
+    # the plugin's default: the predicted future peak within the cache (PeakAdmission): each request's
+    # predicted end (r̂ₜ where the draft re-predicts), its kv_quantile-quantile with quantiles, the history's
+    # expected remaining once it outlived its prediction or without one
     PEAK = "peak"
     # the same peak from the history of output lengths only (PastFutureAdmission; LightLLM's)
     PAST_FUTURE = "past-future"
