@@ -2,7 +2,7 @@
 
 A workload of ``serving_study_sharegpt.py`` (``--workload``: the label set's, ``sharegpt-chatgpt`` or
 ``azure-conv``, with that study's clusters and runs: SGLang's prediction-free policies and the
-plugin's default, least-predicted-work + tail-safe, with no prediction and with OUTLETS r̂₀; the
+plugin's default when it ran, least-predicted-work + tail-safe, with no prediction and with OUTLETS r̂₀; the
 other two workloads' r̂₀ carry the errors OUTLETS made on the label set) on 4 colocated H100
 instances of 100,000 KV tokens each,
 under ``kv_admission`` ``max-new-tokens`` (the full reservation, the study's old baseline),
@@ -46,7 +46,7 @@ BASELINE = ("sglang", "round-robin + fcfs")  # SGLang's default with SGLang's ad
 VLLM_RUN = "round-robin + fcfs"  # vLLM's default, the only run under vLLM's admissions
 # vLLM's admissions, as the report names them: 0.34.0's, and v0.13's, the paper's baseline
 VLLM_BASELINES = {"vllm": "vLLM", "vllm-0.13": "vLLM v0.13"}
-DEFAULT = ("predicted", "least-predicted-work + tail-safe | outlets r0")  # the plugin's default
+DEFAULT = ("predicted", "least-predicted-work + tail-safe | outlets r0")  # the plugin's default when the study ran
 
 
 def main() -> None:

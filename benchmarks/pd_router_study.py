@@ -8,9 +8,9 @@ disaggregation behind the stock router, docs/serving.md step 7), on this CPU:
   plugin put on the servers' path, as ``scheduler_server_check.py`` does with the timing plugin), and
   sglang-router 0.3.2 in PD mode in front.
 - **Policies**: the baseline users get by default, ``fcfs`` decode instances behind ``--decode-policy
-  round_robin``; against the outlets default on the decode instances (tail-safe order, KV admission
-  by prediction) behind ``--decode-policy power_of_two``, which reads each decode instance's
-  ``/get_load`` (its predicted remaining work) once a second.
+  round_robin``; against the outlets default on the decode instances when the study ran (tail-safe order,
+  KV admission by the charge, named on the command line) behind ``--decode-policy power_of_two``, which
+  reads each decode instance's ``/get_load`` (its predicted remaining work) once a second.
 - **Requests**: the KV-bound study's workload (the label set's ShareGPT test requests, real prompts,
   each ending at SmolLM2's length under the 2,048 cap with ``--end-at-output-len``), Poisson
   arrivals at ``--rate``, through ``outlets bench-serving --through-router`` at the router's address:

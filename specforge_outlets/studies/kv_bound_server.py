@@ -29,7 +29,7 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
   one policy), ``lof``, and ``--schedule-policy outlets`` with ``--outlets-order``
   ``tail-safe`` (the default) and ``sjf``, each with SGLang's own KV charge (``--outlets-kv-admission sglang``)
   and with KV admission by prediction (``--outlets-kv-admission predicted --outlets-kv-margin 0.2``, the
-  plugin's default). Two more read each request's predicted quantiles (``--outlets-quantile-levels``, the distribution
+  plugin's default until the predicted peak replaced it). Two more read each request's predicted quantiles (``--outlets-quantile-levels``, the distribution
   record's): ``sjf`` ordered by the Gittins rank (``--outlets-order-key gittins``) with KV admission
   by prediction, and ``tail-safe`` with KV admission charging the remaining length's median
   (``--outlets-kv-admission quantile --outlets-kv-quantile 0.5``). Every outlets server names its admission on its command line, so a
