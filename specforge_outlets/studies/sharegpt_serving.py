@@ -351,8 +351,9 @@ def stage_results(args, stage: str) -> List[dict]:
     return results
 
 
-# The plugin's default (--schedule-policy outlets: tail-safe, KV admission by prediction where the
-# setup has it) with the deployed predictor, and what it is measured against: SGLang's default.
+# The plugin's default when the study ran (--schedule-policy outlets: tail-safe, KV admission by the charge,
+# predicted, where the setup has it; the predicted peak is the default now) with the deployed predictor, and
+# what it is measured against: SGLang's default.
 DEFAULT_RUN = "least-predicted-work + tail-safe | outlets r0"
 BASELINE_RUN = "round-robin + fcfs"
 # The controlled study: the order fixed, the predictor varied; the share of the oracle's gain.
