@@ -291,9 +291,10 @@ def _kv_settings(env: Mapping[str, str]) -> Tuple[KVAdmission, float, float]:
         if value is not None and rule not in readers:
             chosen = (f"{ENV_KV_ADMISSION}={rule.value}" if given else
                       f"the default, --outlets-kv-admission {rule.value} ({ENV_KV_ADMISSION} unset)")
+            rules_reading = ' or '.join(r.value for r in readers)
             raise OutletsSettingsError(
-                f"{name} ({flag}) is read by --outlets-kv-admission {' or '.join(r.value for r in readers)}, not by "
-                f"{chosen}: leave it out or choose one of those")
+                f"{name} ({flag}) is read by --outlets-kv-admission {rules_reading}, not by {chosen}: leave it out "
+                f"or use --outlets-kv-admission {rules_reading}")
     return (rule, DEFAULT_KV_MARGIN if kv_margin is None else kv_margin,
             DEFAULT_KV_QUANTILE if kv_quantile is None else kv_quantile)
 

@@ -557,7 +557,8 @@ def test_the_default_kv_admission_is_the_predicted_peak(plugins_loaded, no_outle
     with pytest.raises(SystemExit):  # the margin alone: refused, not ignored
         prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-margin", "0.3"])
     assert ("error: OUTLETS_KV_MARGIN (--outlets-kv-margin) is read by --outlets-kv-admission predicted, not by the "
-            "default, --outlets-kv-admission peak (OUTLETS_KV_ADMISSION unset): leave it out or choose one of those"
+            "default, --outlets-kv-admission peak (OUTLETS_KV_ADMISSION unset): leave it out or use --outlets-kv-admission "
+            "predicted"
             ) in capsys.readouterr().err
     os.environ.pop(ENV_KV_MARGIN)
     prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-admission",
