@@ -52,8 +52,9 @@ def test_cpu_recipe_trains_the_head_with_the_defaults_and_the_old_setup_stays_re
     from specforge_outlets.training.settings import OutletsSettings
 
     cpu = os.path.join(ROOT, "recipes", "smollm2-135m-cpu-outlets.yaml")
+    # the head at the draft's rate on the CPU (1e-3, as the GPU recipes' 1e-4 x the default scale 10)
     assert load_recipe(cpu).settings == OutletsSettings(length_loss_weight=0.1, length_l2_weight=1e-5,
-                                                        fusion_layers=(2, 15, 28))
+                                                        fusion_layers=(2, 15, 28), length_head_lr_scale=1.0)
     old = load_recipe(cpu, ["outlets.length_weighting=pooled", "outlets.length_static_weight=0",
                             "outlets.length_ttt_decay=1", "outlets.length_bias_init=zero",
                             "outlets.length_head_lr_scale=1"]).settings
