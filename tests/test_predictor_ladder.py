@@ -55,8 +55,11 @@ def test_a_cell_keeps_its_runs_and_adds_only_those_it_lacks(samples, tmp_path, m
     assert len(simulated) == len(ladder.CONFIGS) and ladder.complete(path)
 
 
-def test_the_real_servers_ladder_runs_its_rungs_on_the_default_server_only():
+def test_the_real_servers_ladder_runs_its_rungs_on_the_peak_and_the_charge_only():
     study = kv_bound_server
-    assert study.predictors_of(study.LADDER_SERVER, ladder=True) == ("none", "constant", "outlets", "ceiling", "oracle")
+    peak, charge = study.LADDER_SERVERS
+    assert study.SERVERS[peak][-2:] == ["--outlets-kv-admission", "peak"]
+    for server in (peak, charge):
+        assert study.predictors_of(server, ladder=True) == ("none", "constant", "outlets", "ceiling", "oracle")
     assert study.predictors_of("outlets sjf", ladder=True) == ("none",)
-    assert study.predictors_of(study.LADDER_SERVER) == study.PREDICTORS  # without --ladder: as before
+    assert study.predictors_of(charge) == study.PREDICTORS  # without --ladder: as before

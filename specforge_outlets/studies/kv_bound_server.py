@@ -46,13 +46,14 @@ side by side with SGLang's own ``fcfs`` and ``lof``:
 
 ``--ladder`` (the ladder of predictors, its own ``--runs-dir``): requests drawn from the label
 set's four samples per prompt (the test response and three regenerated ones, as
-``predictor_ladder.py`` draws them), each generating that sample's length, and the default server
-run with none, a constant (the train split's median), OUTLETS r̂₀, the per-prompt ceiling (the
-mean of the prompt's other samples) and the oracle, beside fcfs:
+``predictor_ladder.py`` draws them), each generating that sample's length, and the peak (the
+plugin's default) and the charge run with none, a constant (the train split's median), OUTLETS r̂₀,
+the per-prompt ceiling (the mean of the prompt's other samples) and the oracle, beside fcfs:
 
     .venv/bin/python benchmarks/kv_bound_server_study.py run --ladder --runs-dir runs/kv-bound-ladder \
         --requests 300 --max-total-tokens 16384 --repetitions 3 \
-        --servers fcfs "fcfs (A/A control)" "outlets tail-safe + KV by prediction"
+        --servers fcfs "fcfs (A/A control)" "outlets tail-safe + KV by the predicted peak" \
+        "outlets tail-safe + KV by prediction"
 
 Every (server, predictor) runs ``--repetitions`` times: each repetition starts a fresh session of
 every server, in an order rotated by one each time, and runs its predictors one after another; the
@@ -96,6 +97,7 @@ KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
 SGLANG_KV_CHARGE = ["--outlets-kv-admission", "sglang"]  # named, not left to the plugin's default
 KV_BY_PREDICTION = ["--outlets-kv-admission", "predicted", "--outlets-kv-margin", KV_MARGIN]
+KV_BY_PEAK = ["--outlets-kv-admission", "peak"]  # the plugin's default, named like the others
 # the committed distribution record (benchmarks/length_distribution.py): the detached quantile draft's
 # point and total-length quantiles per test request, raw and conformally corrected
 DISTRIBUTION_RECORD = os.path.join(LABEL_SET, "eval", "distribution", "detached-predictions.jsonl.gz")
@@ -113,6 +115,8 @@ SERVERS: Dict[str, List[str]] = {
     "outlets sjf": OUTLETS + ["--outlets-order", "sjf"] + SGLANG_KV_CHARGE,
     "outlets tail-safe + KV by prediction": OUTLETS + KV_BY_PREDICTION,
     "outlets sjf + KV by prediction": OUTLETS + ["--outlets-order", "sjf"] + KV_BY_PREDICTION,
+    # the plugin's default: admitted while the predicted future peak of the cache fits
+    "outlets tail-safe + KV by the predicted peak": OUTLETS + KV_BY_PEAK,
     # servers that read each request's predicted quantiles. The Gittins rank orders the sjf queue
     # (the plugin takes --outlets-order-key with sjf only); admission stays by the point's margin.
     "outlets gittins + KV by prediction": (OUTLETS + ["--outlets-order", "sjf", "--outlets-order-key", "gittins"]
@@ -134,14 +138,15 @@ SERVER_CORE = (os.cpu_count() or 1) - 1
 QUANTILES = "outlets quantiles"  # the distribution record's point and quantiles (write_quantile_predictions)
 
 
-# the ladder of predictors on the default server (--ladder): from no information to all of it
+# the ladder of predictors (--ladder), from no information to all of it, on the plugin's default (the peak)
+# and on the charge it replaced
 LADDER_PREDICTORS = ("none", "constant", "outlets", "ceiling", "oracle")
-LADDER_SERVER = "outlets tail-safe + KV by prediction"
+LADDER_SERVERS = ("outlets tail-safe + KV by the predicted peak", "outlets tail-safe + KV by prediction")
 
 
 def predictors_of(server_name: str, ladder: bool = False) -> tuple:
     """The predictors each server runs with: every predictor on the default and on ``outlets sjf``
-    (with ``ladder``: the ladder's on the default, none elsewhere).
+    (with ``ladder``: the ladder's on the peak and the charge, none elsewhere).
 
     Stock servers ignore predictions; the tail-safe order alone and SJF with KV admission run without
     one, with OUTLETS' and with the oracle's (this CPU's time). The servers that read quantiles run with
@@ -151,7 +156,7 @@ def predictors_of(server_name: str, ladder: bool = False) -> tuple:
     if not server_name.startswith("outlets"):
         return ("none",)
     if ladder:
-        return LADDER_PREDICTORS if server_name == LADDER_SERVER else ("none",)
+        return LADDER_PREDICTORS if server_name in LADDER_SERVERS else ("none",)
     if READS_QUANTILES[0] in SERVERS[server_name]:
         return (QUANTILES,)
     if server_name in ("outlets sjf", "outlets tail-safe + KV by prediction"):
@@ -513,7 +518,7 @@ def main() -> None:
     parser.add_argument("--draft", help="an `outlets export` for --model-path: predictor-only mode in every outlets server")
     parser.add_argument("--ladder", action="store_true",
                         help="the ladder of predictors: requests drawn from the label set's four samples per prompt, "
-                             f"the default server run with {', '.join(LADDER_PREDICTORS)} (a --runs-dir of its own)")
+                             f"the peak and the charge run with {', '.join(LADDER_PREDICTORS)} (a --runs-dir of its own)")
     parser.add_argument("--results", default=RESULTS, help="where the report stage writes report.md and result.json")
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
