@@ -25,7 +25,11 @@ cache with it, the running requests and those admitted earlier in the round woul
 cache holds; each request grows to its predicted end, and one that outlived its prediction, or has none,
 is predicted from the output lengths this scheduler saw finish (recorded as requests leave their batch,
 ``ScheduleBatch.filter_batch``; before any finished, to its ``max_new_tokens``). ``past-future`` reads those
-lengths only. A chunked prompt still being prefilled is not in the peak of the rounds its chunks span.
+lengths only. A prompt SGLang prefills in chunks (``Scheduler.chunked_req``, handed to ``add_chunked_req`` at
+the start of each round its chunks span, before any ``add_one_req``) counts in the peak of those rounds as
+a request being prefilled (``CacheState.prefilling``, as the simulator counts its own): it holds the KV of
+the chunks already prefilled (its ``prefix_len``), grows to its whole prompt, then a token a step to its
+predicted end (the history's, or ``max_new_tokens``, while it has no prediction).
 
 A request that ignores EOS runs to ``max_new_tokens`` whatever is predicted and is charged as stock.
 Requests are predicted at admission only when the prediction came with them (``custom_params``) or
@@ -52,6 +56,8 @@ _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 # The peak round of an admission round, kept on its PrefillAdder (a new adder per round)
 ATTR_PEAK_ROUND = "_outlets_peak_round"
+# The round's chunked request (Scheduler.chunked_req), kept on its PrefillAdder by add_chunked_req
+ATTR_CHUNKED_REQ = "_outlets_chunked_req"
 
 # The output lengths of the requests this scheduler finished (the peak admissions read them)
 HISTORY = OutputLengthHistory()
@@ -79,15 +85,31 @@ def running_kv_request(req) -> KVRequest:
     return kv_request(req, held=len(req.origin_input_ids) + len(req.output_ids) - 1)
 
 
+def chunked_kv_request(req) -> KVRequest:
+    """A prompt being prefilled in chunks: it holds the KV of the chunks prefilled (``prefix_len``, locked, so
+    neither available nor evictable), and its next chunks prefill the rest of its prompt (and of the output a
+    retracted request recomputes)."""
+    return kv_request(req, held=req.prefix_len, extend=len(req.full_untruncated_fill_ids) - req.prefix_len)
+
+
 def _peak_round(adder, rule: PeakAdmission):
-    """The peak round of this admission round, opened at its first request on the cache as it is then."""
+    """The peak round of this admission round, opened at its first request on the cache as it is then: the
+    running requests, and the chunked request SGLang handed to ``add_chunked_req`` earlier in the round."""
     round_ = getattr(adder, ATTR_PEAK_ROUND, None)
     if round_ is None:
         free = adder.token_to_kv_pool_allocator.available_size() + adder.tree_cache.evictable_size()
         running = [] if adder.running_batch is None else adder.running_batch.reqs
-        round_ = rule.open_round(CacheState(free, [running_kv_request(req) for req in running]))
+        chunked = getattr(adder, ATTR_CHUNKED_REQ, None)
+        prefilling = [] if chunked is None or any(req is chunked for req in running) else [chunked_kv_request(chunked)]
+        round_ = rule.open_round(CacheState(free, [running_kv_request(req) for req in running], prefilling))
         setattr(adder, ATTR_PEAK_ROUND, round_)
     return round_
+
+
+def add_chunked_req_before(self, req, *args, **kwargs):
+    """SGLang hands the round its chunked request first: kept for the round's peak (:func:`_peak_round`)."""
+    setattr(self, ATTR_CHUNKED_REQ, req)
+    return None
 
 
 def running_token_offset_around(original, self, req):
@@ -135,5 +157,6 @@ def filter_batch_before(self, *args, **kwargs):
 HOOK_TARGETS = [
     (f"{_ADDER}._get_running_request_total_token_offset", running_token_offset_around, "AROUND", {state.ORDERING}),
     (f"{_ADDER}.add_one_req", add_one_req_around, "AROUND", {state.ORDERING}),
+    (f"{_ADDER}.add_chunked_req", add_chunked_req_before, "BEFORE", {state.ORDERING}),
     (f"{_BATCH}.filter_batch", filter_batch_before, "BEFORE", {state.ORDERING}),
 ]

@@ -166,3 +166,31 @@ def test_past_future_and_peak_come_from_the_factory_with_the_instances_history()
     peak = create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.8, history=history)
     assert type(peak) is PeakAdmission and peak.kv_quantile == 0.8 and peak.history is history
     assert type(create_admission(KVAdmission.PAST_FUTURE, CONFIG)) is PastFutureAdmission
+
+
+def test_a_prompt_still_being_prefilled_in_chunks_counts_in_the_peak():
+    """SGLang's chunked request (``CacheState.prefilling``): it holds the KV of its chunks so far, grows to its
+    whole prompt, then a token a step to its predicted end; without a prediction, the history's (before any
+    request finished, its max_new_tokens)."""
+    history = OutputLengthHistory()
+    peak = PeakAdmission(0.9, CONFIG, history)
+    running = [KVRequest(0, 10, 1000, 110.0, held=400)]  # holds 400, 100 steps left
+    # a 300-token prompt, 120 prefilled, 180 to go, no prediction: to max_new_tokens 100, 99 steps after its prefill
+    chunked = KVRequest(180, 0, 100, held=120)
+    free = 1000.0 - 400 - 120  # a cache of 1,000
+    with_chunked = peak.open_round(CacheState(free, running, [chunked]))
+    assert with_chunked.capacity == 1000 and with_chunked.occupants == [(400, 100), (300, 99)]
+    assert future_peak(with_chunked.occupants) == 400 + 300 + 2 * 99 == 898  # when it ends, at step 99
+    without = peak.open_round(CacheState(free, running))  # before: its prefilled KV neither free nor counted
+    assert without.capacity == 880 and future_peak(without.occupants) == 500
+    # a waiting prompt of h tokens ending after 50 (49 steps): with the chunked request the peak is at its end,
+    # 400 + 300 + h + 3 x 49, within 1,000 up to h = 153; without it, 400 + h + 2 x 49 within 880 up to h = 382
+    assert with_chunked.fits(KVRequest(153, 0, 1000, 50.0)) and without.fits(KVRequest(382, 0, 1000, 50.0))
+    assert not peak.open_round(CacheState(free, running, [chunked])).admit(KVRequest(154, 0, 1000, 50.0))
+    assert peak.open_round(CacheState(free, running)).admit(KVRequest(154, 0, 1000, 50.0))  # fitted without it
+    assert with_chunked.admit(KVRequest(153, 0, 1000, 50.0)) and with_chunked.charged == 1 + 154  # SGLang's pages
+    # its end from the history once requests finished (20 and 60: 60 expected of 100), or from its prediction
+    for length in (20, 60):
+        history.record(length)
+    assert peak.open_round(CacheState(free, running, [chunked])).occupants[-1] == (300, 59)
+    assert peak.open_round(CacheState(free, running, [chunked._replace(predicted_output_len=30.0)])).occupants[-1] == (300, 29)

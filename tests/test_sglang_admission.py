@@ -130,6 +130,9 @@ def plugin_hooks(monkeypatch, settings: dict):
                         lambda self, req: kv_admission.running_token_offset_around(offset, self, req))
     monkeypatch.setattr(PrefillAdder, "add_one_req",
                         lambda self, req, *a, **k: kv_admission.add_one_req_around(add_one_req, self, req, *a, **k))
+    add_chunked_req = inspect.unwrap(PrefillAdder.add_chunked_req)
+    monkeypatch.setattr(PrefillAdder, "add_chunked_req",
+                        lambda self, req: kv_admission.add_chunked_req_before(self, req) or add_chunked_req(self, req))
     order = inspect.unwrap(ScheduleBatch._get_decode_retraction_order)
     monkeypatch.setattr(ScheduleBatch, "_get_decode_retraction_order",
                         staticmethod(lambda reqs: ordering.retraction_order_around(order, reqs)))
@@ -486,6 +489,61 @@ def test_peak_admission_at_a_token_either_side_of_the_threshold_is_the_plugins(s
             compared += 1
         flips += len(decisions) > 1
     assert compared >= 100 and flips >= 20  # the sweeps cross the threshold
+
+
+def chunked_sglang_req(pools, held: Held, prefilled: int):
+    """SGLang's chunked request (``Scheduler.chunked_req``) as a round finds it: the KV of its first ``prefilled``
+    prompt tokens in its row (``checkpoint_kv_cache`` moved its ``prefix_len`` there), the rest to prefill."""
+    allocator, rows, _ = pools
+    req = sglang_req(held)
+    rows.alloc([req])
+    rows.write((req.kv.req_pool_idx, slice(0, prefilled)), allocator.alloc(prefilled))
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = req.prefix_len = prefilled
+    req.init_next_round_input()  # as the scheduler does before add_chunked_req
+    return req
+
+
+@pytest.mark.parametrize("chunk_limit", [None, 120])  # its last chunk; a middle one (shortest-prefill-first's limit)
+def test_the_peak_counts_the_prompt_sglang_prefills_in_chunks(sglang_pools, plugin_peak_admission, chunk_limit):
+    """A prompt being prefilled in chunks holds its prefilled KV, will hold its whole prompt and grows to its
+    predicted end (none yet, nothing finished: its max_new_tokens): with it handed to ``add_chunked_req``, the
+    plugin's ``add_one_req`` refuses a waiting request exactly when the peak with the chunked one exceeds the
+    cache, where without it the same request was admitted."""
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    allocator, _, cache = sglang_pools
+    peak = PeakAdmission(0.9, SchedulingConfig(), OutputLengthHistory())
+    running = [Held("0", 300, 10, 600, 110.0)]  # holds 309, 100 steps left
+    chunked, prefilled = Held("c", 500, 0, 100), 200  # 200 of a 500-token prompt prefilled, 300 to go
+    waiting = Held("w", 150, 0, 600, 90.0)
+    running_occupant = peak.occupant(KVRequest(0, 10, 600, 110.0, held=309), True)
+    chunked_occupant = peak.occupant(KVRequest(300, 0, 100, held=prefilled), False)
+    waiting_occupant = peak.occupant(KVRequest(150, 0, 600, 90.0), False)
+    assert (running_occupant, chunked_occupant, waiting_occupant) == ((309, 100), (500, 99), (150, 89))
+    # the peak when the waiting request ends, all three then holding 89 tokens more: the cache it needs to fit
+    edge = future_peak([running_occupant, chunked_occupant, waiting_occupant])
+    assert edge == 309 + 500 + 150 + 3 * 89 == 1226
+    # the chunked request left out (its prefilled KV neither free nor counted), the waiting request fitted easily
+    assert future_peak([running_occupant, waiting_occupant]) == 309 + 150 + 2 * 89 <= edge - 1 - prefilled
+
+    def round_(capacity: int, hand_chunked: bool):
+        batch = running_batch(sglang_pools, running)
+        req = chunked_sglang_req(sglang_pools, chunked, prefilled)
+        allocator.alloc(CAPACITY - capacity)  # the rest of SGLang's pool held elsewhere
+        adder = PrefillAdder(1, cache, allocator, batch, 0.5, rem_input_tokens=10**9, rem_chunk_tokens=4096)
+        if hand_chunked:
+            adder.chunked_req_limit = chunk_limit
+            assert (adder.add_chunked_req(req) is req) == (chunk_limit is not None)  # still chunked after this one
+            assert adder.can_run_list == [req]
+        w = sglang_req(waiting)
+        w.init_next_round_input(cache)
+        return adder.add_one_req(w, has_chunked_req=hand_chunked and chunk_limit is not None, truncation_align_size=None)
+
+    edge = int(edge)
+    # SGLang's own arithmetic takes the waiting prompt at these caches (its last chunk charged 300 + 1 + 100)
+    assert round_(edge, True) == AddReqResult.CONTINUE
+    assert round_(edge - 1, True) == AddReqResult.NO_TOKEN  # a token short of the peak with the chunked request
+    assert round_(edge - 1, False) == AddReqResult.CONTINUE  # the same cache, the chunked request not in the peak
 
 
 def test_retraction_with_ties_in_output_tokens_is_sglangs(sglang_pools):

@@ -132,7 +132,10 @@ class CacheState:
 
     free: float  # KV free now: tokens (SGLang: available + evictable), or blocks for a block-based rule
     running: Sequence[KVRequest] = ()  # decoding requests
-    prefilling: Sequence[KVRequest] = ()  # admitted, prompt still being prefilled (charged at admission)
+    # admitted, prompt still being prefilled (charged at admission): held, the KV of what is prefilled so far,
+    # extend, the rest of its prompt; the simulator's prefilling requests (their whole prompt held from
+    # admission) and SGLang's chunked request (Scheduler.chunked_req: its prefilled chunks held)
+    prefilling: Sequence[KVRequest] = ()
     ratio: float = 0.0  # SGLang's new_token_ratio
     step_tokens: int = 0  # vLLM: tokens left of the step's budget (max_num_batched_tokens)
     any_running: bool = False  # vLLM's watermark applies while any request runs
@@ -319,8 +322,9 @@ class PeakAdmission(SGLangAdmission):
 
     Nothing is charged ahead (SGLang's arithmetic still checks that the prompt fits now). A running
     request holds its KV and grows a token a step for its predicted remaining length; a request being
-    admitted holds its prompt (and the output a retracted one recomputes) once prefilled, which
-    samples its next token, and grows for the rest. Each request's end: its quantiles' ``kv_quantile``-quantile
+    admitted, or still being prefilled (``CacheState.prefilling``: a prompt prefilled in chunks, which
+    holds the KV of its chunks so far), holds its prompt (and the output a retracted one recomputes)
+    once prefilled, which samples its next token, and grows for the rest. Each request's end: its quantiles' ``kv_quantile``-quantile
     of the remaining length given survival (the peak at that risk per request), else its point
     prediction (the latest: r̂ₜ where the draft re-predicts); once it outlived them, or without a
     prediction, the history's expected remaining given survival. With true lengths nothing it admits
