@@ -23,7 +23,7 @@ import argparse
 import glob
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from tqdm import tqdm
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.data.labels import NO_LABEL, shift_left
 from specforge_outlets.data.targets import resolve_target
+from specforge_outlets.evaluation.metrics import spearman
 from specforge_outlets.evaluation.outlets_predictor import load_draft
 from specforge_outlets.model.inference import draft_states
 from specforge_outlets.model.length_head import LengthHead
@@ -73,11 +74,6 @@ def fresh_head(draft, mean_log_length: float) -> LengthHead:
     head.apply(draft._init_weights)
     head.init_output_bias(torch.tensor([mean_log_length]))
     return head
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    rank = lambda x: np.argsort(np.argsort(x))  # noqa: E731
-    return float(np.corrcoef(rank(a), rank(b))[0, 1])
 
 
 def score(head: LengthHead, validation: List[Response]) -> Dict[str, object]:
@@ -144,8 +140,7 @@ def main() -> int:
     fit = load_responses(draft, os.path.join(base, "features", "fit"), args.fit_files)
     validation = load_responses(draft, os.path.join(base, "features", "val"), 10**9)
     mean_log_length = float(np.mean([np.log1p(float(r.labels[r.static])) for r in fit if r.static is not None]))
-    settings = OutletsSettings()
-    weighting = LengthWeighting(settings.length_weighting, settings.length_static_weight, settings.length_ttt_decay)
+    weighting = LengthWeighting.from_settings(OutletsSettings())
     result = {"export": args.export, "fit_responses": len(fit), "validation_responses": len(validation),
               "trained_head": score(draft.length_head.float(), validation), "runs": {}}
     for lr in args.lrs:
