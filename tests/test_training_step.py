@@ -9,6 +9,7 @@ from specforge.modeling.target.target_head import TargetHead
 from specforge.runtime.contracts import TrainBatch
 from transformers import LlamaConfig
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft import OutletsLlamaForCausalLMEagle3
 from specforge_outlets.training.cpu_loss import install_cpu_loss, reference_log_softmax_loss
 from specforge_outlets.training.ttt_with_length import OutletsEagle3Model
@@ -224,6 +225,25 @@ def test_length_head_gets_its_own_learning_rate_group(tiny_target):
     for _ in range(5):  # one schedule scales both groups
         optimizer.scheduler.step()
         assert head["lr"] / rest["lr"] == pytest.approx(10.0)
+
+
+def test_resume_with_another_head_grouping_names_the_scale_to_resume_with(tiny_target, monkeypatch):
+    from specforge.optimizer import BF16Optimizer
+
+    from specforge_outlets.training.head_lr import check_resumed_groups, head_parameter_group
+
+    _, model, _ = make_step(tiny_target)
+    split = BF16Optimizer(model, lr=1e-3, total_steps=10, warmup_ratio=0.0)
+    head_parameter_group(split, model, 10.0, total_steps=10, warmup_steps=0)
+    saved = {"optimizer_state_dict": split.optimizer.state_dict(), "scheduler_state_dict": split.scheduler.state_dict(),
+             "lr_scheduler_type": split.lr_scheduler_type, "max_grad_norm": split.max_grad_norm}  # no process group
+    single = BF16Optimizer(model, lr=1e-3, total_steps=10, warmup_ratio=0.0)
+    check_resumed_groups(single, 1.0)
+    with pytest.raises(OutletsError, match=r"resume with outlets.length_head_lr_scale=10\b"):
+        single.load_state_dict(saved)
+    monkeypatch.setattr("specforge.optimizer.print_on_rank0", lambda *_: None)  # no process group
+    check_resumed_groups(split, 10.0)
+    split.load_state_dict(saved)  # the same grouping resumes
 
 
 def test_censored_positions_are_penalised_only_below_their_bound():

@@ -15,8 +15,11 @@ RECIPE = os.path.join(REPO, "recipes", "smollm2-135m-cpu-outlets.yaml")
 # Seeds of the extra samples of the noise subset; the main run samples with seed 0.
 NOISE_SEEDS = (1, 2, 3)
 # The drafts trained on the full train split: OUTLETS and its two ablations (the method's lambda is
-# the recipe's; SD-only drops the length loss, LP-only the drafting loss).
-DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0",), "lp-only": ("outlets.sd_loss_weight=0",)}
+# the recipe's; SD-only drops the length loss, LP-only the drafting loss). SD-only keeps the head's
+# earlier 10x rate, the one its run started with, so that its checkpoints resume (an untrained head:
+# the rate changes nothing).
+DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0", "outlets.length_head_lr_scale=10"),
+          "lp-only": ("outlets.sd_loss_weight=0",)}
 # Variants of a draft's run, each under its own name (``outlets-float32``) and curve: one setting
 # changed at equal steps. float32: bf16's effect; head-lr-1x: the length head at the draft's learning
 # rate, 1e-3 (the recipe's since; the runs named ``outlets`` and ``lp-only`` in curves.json trained

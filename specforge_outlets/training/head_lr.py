@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from specforge_outlets.errors import OutletsError
+
 
 def head_parameter_group(optimizer, module: torch.nn.Module, lr_scale: float, *, total_steps: int,
                          warmup_steps: int) -> None:
@@ -38,6 +40,27 @@ def head_parameter_group(optimizer, module: torch.nn.Module, lr_scale: float, *,
     optimizer.scheduler = type(scheduler)(optimizer.optimizer, total_steps=total_steps, warmup_steps=warmup_steps)
 
 
+def check_resumed_groups(optimizer, lr_scale: float) -> None:
+    """Make a resume whose checkpoint grouped the head differently fail naming the setting to resume with.
+
+    Without this, torch says only "loaded state dict has a different number of parameter groups".
+    The checkpoint's scale is read off its groups' learning rates (one schedule scales both).
+    """
+    load = optimizer.load_state_dict
+
+    def load_state_dict(state_dict):
+        groups = state_dict["optimizer_state_dict"]["param_groups"]
+        if len(groups) != len(optimizer.optimizer.param_groups):
+            saved = groups[1]["lr"] / groups[0]["lr"] if len(groups) == 2 and groups[0]["lr"] else 1.0
+            raise OutletsError(
+                f"the checkpoint was trained with outlets.length_head_lr_scale={saved:g} ({len(groups)} optimizer "
+                f"group(s)); this run has {lr_scale:g}: resume with outlets.length_head_lr_scale={saved:g}, "
+                "or start a new output_dir")
+        load(state_dict)
+
+    optimizer.load_state_dict = load_state_dict
+
+
 def install_length_head_lr(lr_scale: float) -> None:
     """Make SpecForge's trainer build its optimizer with the head's group (idempotent)."""
     from specforge.training import assembly
@@ -53,6 +76,7 @@ def install_length_head_lr(lr_scale: float) -> None:
                     total_steps=self.total_steps,
                     warmup_steps=int(self.cfg.training.warmup_ratio * self.total_steps),
                 )
+            check_resumed_groups(optimizer, lr_scale)
             return optimizer
 
     assembly._optimizer_factory = HeadGroupOptimizerFactory
