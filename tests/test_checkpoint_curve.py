@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specforge_outlets.evaluation.checkpoint_curve import (
-    doubling_steps, relative_improvement, stop_reason, validation_length_loss)
+    checkpoint_point, doubling_steps, relative_improvement, stop_reason, validation_length_loss)
 
 
 def test_checkpoints_double_up_to_the_budget():
@@ -41,3 +41,17 @@ def test_validation_length_loss_is_the_trained_objective_and_one_sided_on_censor
     assert validation_length_loss([finished, censored], [exact, high], one_sided=True) == 0.0
     assert validation_length_loss([finished, censored], [exact, low], one_sided=True) > 0
     assert validation_length_loss([finished, censored], [exact, low], one_sided=False) == 0.0
+
+
+def test_a_point_scores_spread_on_finished_responses_and_counts_censored_ones_as_long():
+    lengths, censored = [50, 100, 900, 2048], [False, False, False, True]
+    everything = SimpleNamespace(requests=[SimpleNamespace(length=n, censored=c) for n, c in zip(lengths, censored)],
+                                 lengths=lengths)
+    validation = SimpleNamespace(with_censored=lambda: everything)
+    static = [100, 200, 1800, 300]  # the finished ones doubled; the censored one predicted short
+    predictions = [SimpleNamespace(static=s, dynamic=None) for s in static]
+    drafting = {"mean_acceptance_rate": 0.3, "acceptance_rate_per_step": [0.35, 0.3, 0.25]}
+    point = checkpoint_point(1000, validation, predictions, drafting, one_sided=True)
+    assert point["log_slope"] == pytest.approx(1.0)  # the censored response's 300 is left out of the slope
+    assert point["long_predicted_long"] == pytest.approx(0.5)  # 900 predicted long, the censored one not
+    assert (point["spearman"], point["validation_censored"]) == (pytest.approx(1.0), 1)

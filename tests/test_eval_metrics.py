@@ -108,6 +108,17 @@ def test_calibration_quantiles_and_long_share():
     assert len(metrics.calibration(true, predicted)["levels"]) == 19
 
 
+def test_log_slope_and_long_predicted_long_by_hand():
+    true = [10, 100, 1000]
+    assert metrics.log_slope(true, [20, 200, 2000]) == pytest.approx(1.0)  # proportional: the full spread
+    assert metrics.log_slope(true, [50, 50, 50]) == pytest.approx(0.0)  # a constant follows none of it
+    assert metrics.log_slope(true, [100, 1000, 10 ** 3.5]) == pytest.approx(0.75)  # log10: 2, 3, 3.5
+    # at or above 800: 800, 2048 (censored, at the cap) and 900; predicted above 500: 501 and 600
+    share = metrics.long_predicted_long([100, 800, 2048, 900], [900, 501, 500, 600])
+    assert share == pytest.approx(2 / 3)
+    assert metrics.long_predicted_long([100, 200], [900, 900]) is None
+
+
 def test_noise_floor_by_hand():
     # prompt a: samples 10, 20, 60 -> medians of the others 40, 35, 15 -> errors 30, 15, 45 -> 30
     # prompt b: samples 5, 7 -> errors 2, 2 -> 2; prompt c has one sample: left out

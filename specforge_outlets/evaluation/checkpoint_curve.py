@@ -90,6 +90,8 @@ def checkpoint_point(step: int, validation: Split, predictions: List, drafting: 
         "spearman": metrics.spearman(static[~censored], lengths[~censored]),
         "c_index": censoring.c_index(requests, static),
         "static_mae": metrics.static_mae(lengths[~censored], static[~censored]),
+        "log_slope": metrics.log_slope(lengths[~censored], static[~censored]),
+        "long_predicted_long": metrics.long_predicted_long(lengths, static),
         "mean_acceptance_rate": drafting["mean_acceptance_rate"],
         "first_step_acceptance": drafting["acceptance_rate_per_step"][0],
         "acceptance_rate_per_step": drafting["acceptance_rate_per_step"],

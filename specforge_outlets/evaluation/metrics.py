@@ -13,7 +13,9 @@ For a response of ``L`` tokens, ``r_hat_t`` is the prediction of the remaining l
 - 95% bootstrap interval of a mean over requests: requests resampled with replacement, a fixed
   seed, so a report is reproducible and the interval says how much the test set alone moves it.
 - Spearman rank correlation of ``r_hat_0`` with ``L``: a scheduler only needs the order right.
-- calibration: predicted against true quantiles, and the share at or above a long threshold.
+- calibration: predicted against true quantiles, and the share at or above a long threshold; the
+  slope of log r_hat_0 on log L (1: the predictions spread as the lengths do, 0: a constant), and
+  the share of long requests (L >= 800) predicted in the long bucket (r_hat_0 > 500).
 - sampling-noise floor: each sample's length predicted by the median of the same prompt's other
   samples, the error no prompt-level predictor can beat.
 """
@@ -109,6 +111,30 @@ def calibration(
         "true_share_at_or_above": float((true >= threshold).mean()),
         "predicted_share_at_or_above": float((pred >= threshold).mean()),
     }
+
+
+def log_slope(true_lengths: Sequence[float], predicted: Sequence[float]) -> float:
+    """Least-squares slope of log r_hat_0 on log L: how much of the lengths' spread the predictions follow.
+
+    A predictor that regresses every request to the median has a fair MAE and a slope near 0, and then
+    a scheduler cannot tell a long request from a short one.
+    """
+    true, pred = np.log(np.asarray(true_lengths, np.float64)), np.log(np.asarray(predicted, np.float64))
+    assert true.shape == pred.shape and true.size > 1, (true.shape, pred.shape)
+    centred = true - true.mean()
+    return float(centred @ (pred - pred.mean()) / (centred @ centred))
+
+
+def long_predicted_long(true_lengths: Sequence[float], predicted: Sequence[float], *,
+                        threshold: float = SHARE_THRESHOLD, predicted_min: float = LONG_MIN) -> Optional[float]:
+    """Share of the requests at or above ``threshold`` tokens whose r_hat_0 lies in the long bucket (None: none).
+
+    Censored responses belong here (cut at the cap, they are at least that long).
+    """
+    true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
+    assert true.shape == pred.shape, (true.shape, pred.shape)
+    long = true >= threshold
+    return float((pred[long] > predicted_min).mean()) if long.any() else None
 
 
 def noise_floor_errors(samples: Mapping[str, Sequence[float]]) -> Dict[str, float]:
