@@ -10,7 +10,7 @@ capture``). Three subcommands, each resumable:
 ``train`` runs ``outlets train`` on one thread (a core stays free) to ``--budget`` optimizer steps
 with a checkpoint every ``--first-step`` (250); restarted, it resumes from the newest complete checkpoint
 (``training/resumable.py``). While it trains, every checkpoint at a doubling step (250, 500, 1,000,
-...) is evaluated on the validation split (``evaluation/checkpoint_curve.py``) and the draft is
+...) and the budget's last one is evaluated on the validation split (``evaluation/checkpoint_curve.py``) and the draft is
 stopped once the last doubling improved each of its own objectives by under 2%. Curves go to
 ``--report`` (default ``benchmarks/data/sharegpt-smollm2/convergence/``: ``curves.json`` and
 ``curves.png``, committed). The test split is never read here. Keep ``--run`` outside

@@ -11,7 +11,7 @@ from specforge_outlets.evaluation.checkpoint_curve import (
 
 def test_checkpoints_double_up_to_the_budget():
     assert doubling_steps(4000) == [250, 500, 1000, 2000, 4000]
-    assert doubling_steps(3000) == [250, 500, 1000, 2000]
+    assert doubling_steps(3000) == [250, 500, 1000, 2000, 3000]  # the budget's own last checkpoint
     assert doubling_steps(4000, first=500) == [500, 1000, 2000, 4000]
     with pytest.raises(AssertionError):
         doubling_steps(100)

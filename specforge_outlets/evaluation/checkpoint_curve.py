@@ -29,12 +29,13 @@ OBJECTIVES = {
 
 
 def doubling_steps(budget: int, first: int = FIRST_STEP) -> List[int]:
-    """``first, 2 first, 4 first, ...`` up to ``budget`` optimizer steps."""
+    """``first, 2 first, 4 first, ...`` up to ``budget`` optimizer steps, and the budget itself: a run that
+    reaches its budget ends there, and its last checkpoint is the one a user would take."""
     assert budget >= first > 0, (budget, first)
     steps = [first]
     while steps[-1] * 2 <= budget:
         steps.append(steps[-1] * 2)
-    return steps
+    return steps if steps[-1] == budget else [*steps, budget]
 
 
 def relative_improvement(previous: float, current: float, higher_is_better: bool) -> float:
