@@ -1,4 +1,4 @@
-"""The serving study's colocated runs under five KV admissions, every ratio against SGLang's own (issue 26).
+"""The serving study's colocated runs under five KV admissions, every ratio against SGLang's own.
 
 A workload of ``serving_study_sharegpt.py`` (``--workload``: the label set's, ``sharegpt-chatgpt`` or
 ``azure-conv``, with that study's clusters and runs: SGLang's prediction-free policies and the

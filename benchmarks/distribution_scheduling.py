@@ -1,4 +1,4 @@
-"""Ordering and admitting by a predicted length distribution against the point prediction and SGLang's default (issue 27).
+"""Ordering and admitting by a predicted length distribution against the point prediction and SGLang's default.
 
 The serving study's workloads (``--workload``, ``serving_study_sharegpt.py``: the label set's own,
 ``sharegpt-chatgpt``, ``azure-conv``) on 4 colocated H100 instances of 100,000 KV tokens each (the
@@ -179,7 +179,7 @@ def report(args) -> None:
     for name in files:
         with open(os.path.join(args.output, name)) as handle:
             results.append(json.load(handle))
-    lines = ["# Ordering and admitting by a predicted length distribution (issue 27)", "",
+    lines = ["# Ordering and admitting by a predicted length distribution", "",
              "Written by `benchmarks/distribution_scheduling.py`; simulated. Every cell: short P99 / long P99 / "
              "throughput / goodput as ratios to SGLang's default (round robin + FCFS under SGLang's admission), "
              "retractions in brackets.", "",

@@ -1,5 +1,5 @@
 """EAGLE-3 mode on a real SGLang server: acceptance of the OUTLETS draft against the SD-only draft, and the
-length head's cost per decode step (issue 15).
+length head's cost per decode step.
 
 SmolLM2-135M-Instruct (float32) serves first-turn ShareGPT prompts of the label set's test split with
 ``--speculative-algorithm EAGLE3`` and the drafts that ``benchmarks/sharegpt_outlets.py`` trained

@@ -1,4 +1,4 @@
-"""Issue 27: the quantile head on the draft state, joint and detached, against the N/2 probe with the same head.
+"""The quantile head on the draft state, joint and detached, against the N/2 probe with the same head.
 
 Reads the features ``sharegpt_outlets.py --until capture --train-rows R`` wrote under ``--run``.
 Stages, each resumable and skipped when its output exists:

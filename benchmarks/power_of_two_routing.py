@@ -1,4 +1,4 @@
-"""sglang-router's power-of-two against the exact least-predicted-work argmin, simulated (issue 28).
+"""sglang-router's power-of-two against the exact least-predicted-work argmin, simulated.
 
 Behind ``sglang-router --decode-policy power_of_two`` (docs/serving.md step 7) the decode instance
 of a request is the less loaded of two drawn at random, by loads the router polled up to one

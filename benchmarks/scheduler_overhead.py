@@ -1,4 +1,4 @@
-"""What the plugin costs on SGLang's scheduler hot path, side by side with SGLang's own policies (issue 16).
+"""What the plugin costs on SGLang's scheduler hot path, side by side with SGLang's own policies.
 
 SGLang re-sorts its waiting list every scheduling round and its data-parallel controller picks a
 rank for every request, so whatever the plugin adds there is paid at the server's round and

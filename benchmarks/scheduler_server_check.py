@@ -1,4 +1,4 @@
-"""Scheduling-round time of a real SGLang server with a long queue, with and without ``--schedule-policy outlets`` (issue 16).
+"""Scheduling-round time of a real SGLang server with a long queue, with and without ``--schedule-policy outlets``.
 
 ``benchmarks/scheduler_overhead.py`` times the plugin's functions in isolation; this checks the
 whole scheduler loop. A real CPU server (SGLang 0.5.23, the tiny random Llama of

@@ -1,4 +1,4 @@
-"""The simulator checked against the real KV-bound SGLang servers, on their own set-up (issue 26).
+"""The simulator checked against the real KV-bound SGLang servers, on their own set-up.
 
 ``kv_bound_server_study.py`` measures fcfs, lof and the plugin's default on a real SGLang 0.5.23
 server on this CPU. This runs the simulator on the same set-up, so the two can be read side by side:
@@ -14,7 +14,7 @@ server on this CPU. This runs the simulator on the same set-up, so the two can b
 - **Runs**: fcfs and lof under SGLang's admission (``kv_admission: sglang``); the default (tail-safe)
   without predictions under SGLang's admission too, as the plugin keeps SGLang's charge for a request
   without one; with bert, OUTLETS r̂₀ and the oracle under KV by prediction (``predicted``, margin 0.2:
-  SGLang's rounds with the plugin's charge); issue 27's servers with the detached draft's quantiles
+  SGLang's rounds with the plugin's charge); the servers with the detached draft's quantiles
   (SJF by the Gittins rank, KV by prediction; tail-safe with KV at the median, ``quantile`` 0.5).
 
 The report gives both as ratios to fcfs, the retraction counts, and the absolute fcfs numbers;
@@ -78,7 +78,7 @@ RUNS = {
     (DEFAULT, "bert"): SimRun("tail-safe", "predicted"),
     (DEFAULT, "outlets"): SimRun("tail-safe", "predicted"),
     (DEFAULT, "oracle"): SimRun("tail-safe", "predicted"),
-    # issue 27: the detached draft's quantiles (`--outlets-order-key gittins`; `--outlets-kv-quantile 0.5`)
+    # the detached draft's quantiles (`--outlets-order-key gittins`; `--outlets-kv-quantile 0.5`)
     (GITTINS, study.QUANTILES): SimRun("sjf", "predicted", scheduling=(("order_key", OrderKey.GITTINS),)),
     (KV_AT_MEDIAN, study.QUANTILES): SimRun("tail-safe", "quantile", cluster=(("kv_quantile", 0.5),)),
 }
