@@ -62,3 +62,19 @@ def test_cpu_recipe_trains_the_head_with_the_defaults_and_the_old_setup_stays_re
             old.length_head_lr_scale) == ("pooled", 0.0, 1.0, "zero", 1.0)
     with pytest.raises(OutletsError, match="outlets.length_weighting"):
         load_recipe(cpu, ["outlets.length_weighting=tokens"])
+
+
+def test_the_label_set_drafts_and_variants_change_the_setting_they_name(monkeypatch, tmp_path):
+    import specforge_outlets.data.targets as targets
+    from specforge_outlets.model.draft_config import HeadInput
+    from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE, VARIANTS
+
+    monkeypatch.setattr(targets, "ensure_smollm2", lambda: tmp_path)
+    base = load_recipe(RECIPE)
+    loaded = {name: load_recipe(RECIPE, list(overrides)) for name, overrides in {**DRAFTS, **VARIANTS}.items()}
+    assert loaded["outlets"].settings == base.settings
+    assert loaded["sd-only"].settings.length_loss_weight == 0 and loaded["lp-only"].settings.sd_loss_weight == 0
+    assert loaded["float32"].config.model.torch_dtype == "float32" != base.config.model.torch_dtype
+    assert (loaded["head-lr-1x"].settings.length_head_lr_scale, loaded["head-lr-10x"].settings.length_head_lr_scale) == (1, 10)
+    assert base.settings.gated_attention and not loaded["plain-attention"].settings.gated_attention
+    assert loaded["head-on-fused"].settings.head_input == HeadInput.FUSED != base.settings.head_input
