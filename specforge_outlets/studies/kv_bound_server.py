@@ -485,8 +485,9 @@ def plot(args) -> None:
         result = json.load(handle)
     rows = result["rows"]
     labels = [f"{row['server']}\n{row['predictor']}" for row in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 5.5), sharey=True)
-    for axis, column in zip(axes, ("short P99 s", "long P99 s", "throughput tok/s")):
+    columns = ("short P99 s", "short mean s", "long P99 s", "throughput tok/s")  # a burst's P99 is its backlog's
+    fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 5.5), sharey=True)
+    for axis, column in zip(axes, columns):
         medians = [summary_of(row, column) for row in rows]
         values = [m[0] or 0 for m in medians]
         errors = [[(m[0] or 0) - (m[1] or 0) for m in medians], [(m[2] or 0) - (m[0] or 0) for m in medians]]
