@@ -23,9 +23,7 @@ import argparse
 import fcntl
 import json
 import os
-import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional
 
 
@@ -36,7 +34,7 @@ from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
                                                            stop_reason)
-from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides
+from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides, supervise
 
 REPORT = os.path.join(LABEL_SET, "convergence")  # curves.json and curves.png, committed
 POLL_S = 60.0  # seconds between looks for a new checkpoint while training
@@ -109,20 +107,12 @@ def train(args: argparse.Namespace) -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "WANDB_MODE": "offline"}
-    process = subprocess.Popen(train_argv(args, name), env=env)
-    try:
-        while process.poll() is None:
-            time.sleep(POLL_S)
-            if evaluate_new(args, name, args.draft, args.until_step):
-                print(f"{name}: {read_curves(args)['drafts'][name]['stopped']}; stopping the run")
-                process.terminate()
-                process.wait()
-                return
-    finally:
-        if process.poll() is None:
-            process.terminate()
-    if process.returncode != 0:
-        raise SystemExit(f"outlets train exited with {process.returncode}; rerun to resume from the last checkpoint")
+    code = supervise(train_argv(args, name), env, POLL_S, lambda: evaluate_new(args, name, args.draft, args.until_step))
+    if read_curves(args)["drafts"].get(name, {}).get("stopped"):
+        print(f"{name}: {read_curves(args)['drafts'][name]['stopped']}; the run stopped")
+        return
+    if code != 0:
+        raise SystemExit(f"outlets train exited with {code}; rerun to resume from the last checkpoint")
     evaluate_new(args, name, args.draft, args.until_step)
     entry = read_curves(args)["drafts"][name]
     if not entry["stopped"]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Dict, Iterable, List
+import signal
+import subprocess
+import time
+from typing import Callable, Dict, Iterable, List, Mapping
 
 STATE_FILE = "training_state.pt"  # SpecForge's checkpoint payload, written last
 
@@ -45,3 +48,29 @@ def prune_checkpoints(output_dir: str, run_id: str, keep: Iterable[int]) -> List
     for step in removed:
         shutil.rmtree(found[step])
     return removed
+
+
+def supervise(argv: List[str], env: Mapping[str, str], poll_s: float, should_stop: Callable[[], bool]) -> int:
+    """Run the trainer ``argv``, calling ``should_stop`` every ``poll_s`` seconds; its exit code, or 0 once stopped.
+
+    Whatever ends the supervisor (``should_stop``, an exception, SIGTERM) ends the trainer with it and
+    waits for it: Python's default SIGTERM skips ``finally``, and an orphaned trainer would go on
+    writing checkpoints beside the one a restart starts.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    process = subprocess.Popen(argv, env=dict(env))
+    try:
+        while process.poll() is None:
+            time.sleep(poll_s)
+            if process.poll() is None and should_stop():
+                return 0
+        return process.returncode
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
