@@ -6,6 +6,7 @@ capture``). Three subcommands, each resumable:
     python benchmarks/convergence.py --run RUN split                 # validation split by prompt group
     python benchmarks/convergence.py --run RUN train --draft outlets # train; killed or stopped, rerun it
     python benchmarks/convergence.py --run RUN curve                 # evaluate new checkpoints only
+    python benchmarks/convergence.py --run RUN test                  # the chosen checkpoints on the test split
 
 ``train`` runs ``outlets train`` on one thread (a core stays free) to ``--budget`` optimizer steps
 with a checkpoint every ``--first-step`` (250); restarted, it resumes from the newest complete checkpoint
@@ -13,8 +14,11 @@ with a checkpoint every ``--first-step`` (250); restarted, it resumes from the n
 ...) and the budget's last one is evaluated on the validation split (``evaluation/checkpoint_curve.py``) and the draft is
 stopped once the last doubling improved each of its own objectives by under 2%. Curves go to
 ``--report`` (default ``benchmarks/data/sharegpt-smollm2/convergence/``: ``curves.json`` and
-``curves.png``, committed). The test split is never read here. Keep ``--run`` outside
-the work tree: checkpoints are large and must outlive a fresh checkout.
+``curves.png``, committed). Only ``test`` reads the test split: ``outlets eval`` of each draft's chosen
+checkpoint (its last evaluated one, or ``--step``) against every baseline fitted on the drafts' own
+training responses (the fit split, censored ones one-sided as the drafts trained), into
+``--report``/``eval/``. Keep ``--run`` outside the work tree: checkpoints are large and must outlive
+a fresh checkout.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import Any, Dict, List, Optional
 
 
 from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.cli import main as outlets
 from specforge_outlets.studies.committed_data import LABEL_SET
-from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE, VARIANTS
+from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECIPE, VARIANTS
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
@@ -42,6 +47,10 @@ VALIDATION_SHARE = 0.1  # of the train split's prompt groups
 # The method settings of the convergence runs: the recipe's, with censored responses trained
 # one-sided (the label-set work's choice: docs/training.md).
 METHOD = ("outlets.length_censored=one_sided",)
+# The runs the test split scores: each draft at the recipe's settings (the length head at the draft's
+# rate; the runs named ``outlets`` and ``lp-only`` trained it at 10x).
+TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "lp-only-head-lr-1x"}
+COMMITTED = ("report.json", "report.md", "predictions.jsonl.gz")  # of the test report, into --report/eval
 
 
 def paths(run: str) -> Dict[str, str]:
@@ -165,6 +174,57 @@ def curve(args: argparse.Namespace) -> None:
                 evaluate_new(args, name, draft)
 
 
+def chosen_exports(args: argparse.Namespace) -> Dict[str, str]:
+    """Each test run's export at ``--step`` or at its last evaluated checkpoint."""
+    curves, exports = read_curves(args)["drafts"], {}
+    for draft, name in TEST_RUNS.items():
+        points = curves.get(name, {}).get("points")
+        if not points:
+            raise SystemExit(f"{name}: no evaluated checkpoint in {args.report}/curves.json; train it first")
+        step = args.step.get(draft, points[-1]["step"])
+        if step not in {point["step"] for point in points}:
+            raise SystemExit(f"--step {draft}={step}: {name} has points at {[point['step'] for point in points]}")
+        exports[draft] = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{step}")
+        if not os.path.exists(os.path.join(exports[draft], "config.json")):
+            raise SystemExit(f"{exports[draft]} is missing; `curve` exports each evaluated checkpoint")
+    return exports
+
+
+def test(args: argparse.Namespace) -> None:
+    """Score the chosen checkpoints on the test split with every baseline; resumable (a written report is kept)."""
+    import shutil
+
+    test_features = os.path.join(args.run, "features", "test")
+    if not written(os.path.join(test_features, "manifest.json")):
+        raise SystemExit(f"no test features at {test_features}: capture them (resumable) with "
+                         f"`python benchmarks/sharegpt_outlets.py --output {args.run} --until capture --workers 2`")
+    exports = chosen_exports(args)
+    out = os.path.join(paths(args.run)["base"], "test-report")
+    if not written(os.path.join(out, "report.json")):
+        noise = [os.path.join(args.run, "regen", f"noise-seed{seed}.jsonl") for seed in NOISE_SEEDS]
+        code = outlets(["eval", "--draft", exports["outlets"], "--sd-only-draft", exports["sd-only"],
+                        "--lp-only-draft", exports["lp-only"], "--features", test_features,
+                        "--train-features", paths(args.run)["fit"], "--target", args.target,
+                        "--censored-training", "one_sided", "--noise-samples", *noise, "--output", out,
+                        "--overwrite"])  # fmt: skip
+        if code != 0:
+            raise SystemExit(f"outlets eval exited with {code}")
+    os.makedirs(os.path.join(args.report, "eval"), exist_ok=True)
+    for name in COMMITTED:
+        shutil.copy(os.path.join(out, name), os.path.join(args.report, "eval", name))
+    print(f"report: {os.path.join(args.report, 'eval', 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
+
+
+def parse_steps(values: List[str]) -> Dict[str, int]:
+    steps = {}
+    for value in values:
+        draft, _, step = value.partition("=")
+        if draft not in TEST_RUNS or not step.isdigit():
+            raise argparse.ArgumentTypeError(f"--step {value!r}: expected DRAFT=STEP, DRAFT one of {', '.join(TEST_RUNS)}")
+        steps[draft] = int(step)
+    return steps
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="the sharegpt_outlets.py output (features/train)")
@@ -184,8 +244,16 @@ def main() -> int:
     trainer.add_argument("--until-step", type=int,
                          help="stop once the checkpoint at this step is evaluated (the schedule stays --budget's)")
     sub.add_parser("curve")
+    tester = sub.add_parser("test")
+    tester.add_argument("--step", nargs="*", default=[], metavar="DRAFT=STEP",
+                        help="a draft's checkpoint to score (default: its last evaluated one)")
     args = parser.parse_args()
-    {"split": split, "train": train, "curve": curve}[args.command](args)
+    if args.command == "test":
+        try:
+            args.step = parse_steps(args.step)
+        except argparse.ArgumentTypeError as error:
+            parser.error(str(error))
+    {"split": split, "train": train, "curve": curve, "test": test}[args.command](args)
     return 0
 
 
