@@ -54,6 +54,7 @@ from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
 from specforge_outlets.simulation.predicted_lengths import (  # noqa: E402
     constant_predictions,
+    mean_rescaled_predictions,
     shuffled_predictions,
     with_measured_errors,
 )
@@ -104,6 +105,7 @@ class TransferredErrors:
                                     rng).tolist()
 
 
+RESCALED = "outlets r0 mean-rescaled"  # shown beside the ladder, not a rung of its order (it knows the mean)
 Rung = Callable[[object, Trace, Optional[np.ndarray], int], List[Optional[float]]]
 RUNGS: Dict[str, Rung] = {
     "none": lambda work, trace, drawn, seed: [None] * len(trace),
@@ -112,6 +114,9 @@ RUNGS: Dict[str, Rung] = {
         work.measured("outlets r0", trace, drawn, seed), seed),
     **{rung: (lambda rung: lambda work, trace, drawn, seed: work.measured(rung, trace, drawn, seed))(rung)
        for rung in LEARNED},
+    # OUTLETS' ranking at the workload's mean length: what calibrating r̂₀ by finished lengths could gain
+    RESCALED: lambda work, trace, drawn, seed: mean_rescaled_predictions(
+        work.measured("outlets r0", trace, drawn, seed), trace.output_lens),
     "ceiling": lambda work, trace, drawn, seed: work.measured("ceiling", trace, drawn, seed),
     "oracle": lambda work, trace, drawn, seed: trace.output_lens.astype(np.float64).tolist(),
 }
@@ -259,14 +264,17 @@ def quality(args) -> None:
     requests of the workload's knee (seed 0), as the simulator gives them; no prediction ranks nothing (0.5)."""
     for name, make in workloads(args.workloads).items():
         path = quality_path(args.output, name)
+        scores = {}
         if os.path.exists(path):
+            with open(path) as handle:
+                scores = json.load(handle)["c_index"]
+        if all(rung in scores for rung in RUNGS):
             continue
         work = make()
         trace, drawn = work.trace(LOADS[(name, "100k")][0], QUALITY_REQUESTS, 0)
         censored = work.censored[drawn] if drawn is not None else np.zeros(len(trace), bool)
         requests = CensoredRequests.of(trace.output_lens, censored)
-        scores = {}
-        for rung, predict in RUNGS.items():
+        for rung, predict in [(rung, predict) for rung, predict in RUNGS.items() if rung not in scores]:
             predictions = predict(work, trace, drawn, 0)
             scores[rung] = 0.5 if predictions[0] is None else round(c_index(requests, predictions), 4)
         write_text_atomic(path, json.dumps({"workload": name, "requests": len(trace), "censored": int(censored.sum()),
@@ -341,6 +349,7 @@ def ladder_table(seeds_at: Dict[float, List[dict]]) -> List[str]:
 DEFAULT_CONFIG = next(iter(CONFIGS))
 AIM_CONFIGS = [DEFAULT_CONFIG, "charge (tail-safe + KV by prediction)"]  # the default and the former one
 ORDER = ["constant", *LEARNED, "ceiling", "oracle"]  # the aim: short P99 falls (or holds) along this order
+AIM_COLUMNS = ["constant", *LEARNED, RESCALED, "ceiling", "oracle"]
 MONOTONE_SLACK = 0.02  # of the short P99 ratio
 
 
@@ -350,7 +359,7 @@ def aim_rows(config: str, workload: str, regime: str, seeds_at: Dict[float, List
     rows = []
     for index, rate in enumerate(sorted(seeds_at)):
         seeds, best = seeds_at[rate], best_sglang(seeds_at[rate])
-        short = {rung: ratios(seeds, f"{config} | {rung}", best, "short_p99_s").mean() for rung in ORDER}
+        short = {rung: ratios(seeds, f"{config} | {rung}", best, "short_p99_s").mean() for rung in AIM_COLUMNS}
         ceiling_long = ratios(seeds, f"{config} | ceiling", best, "long_p99_s").mean()
         past_future = min(ratios(seeds, peer, best, "short_p99_s").mean() for peer in PAST_FUTURE_PEERS)
         learned_best = min(short[rung] for rung in LEARNED)
@@ -362,7 +371,7 @@ def aim_rows(config: str, workload: str, regime: str, seeds_at: Dict[float, List
         ceiling_meets = short["ceiling"] <= 0.6 and not ceiling_long > 1.05
         checks = [yes_no(monotone), yes_no(short["oracle"] <= 1), f"{yes_no(ceiling_meets)} ({ceiling_long:.2f})"]
         rows.append(f"| {workload} | {regime} | {rate:g}{' (knee)' if index == 0 else ''} | "
-                    + " | ".join(f"{short[rung]:.2f}" for rung in ORDER) + f" | {past_future:.2f} | "
+                    + " | ".join(f"{short[rung]:.2f}" for rung in AIM_COLUMNS) + f" | {past_future:.2f} | "
                     + " | ".join(checks) + " |")
     return rows
 
@@ -393,9 +402,9 @@ def report(args) -> None:
              f"Monotone: constant ≥ learned ≥ ceiling ≥ oracle, each within {MONOTONE_SLACK}."]
     for config in AIM_CONFIGS:
         lines += ["", f"## The aim under {config}: short P99 ratio per rung", "",
-                  "| workload | cache | requests/s | " + " | ".join(ORDER) + " | best past-future peer | monotone "
+                  "| workload | cache | requests/s | " + " | ".join(AIM_COLUMNS) + " | best past-future peer | monotone "
                   "| oracle ≤ 1 | ceiling ≤ 0.6, long ≤ 1.05 (ceiling's long; nan: no long request) |",
-                  "|---|---|---|" + "---:|" * (len(ORDER) + 1) + "---|---|---|"]
+                  "|---|---|---|" + "---:|" * (len(AIM_COLUMNS) + 1) + "---|---|---|"]
         for (workload, regime), seeds_at in grouped.items():
             lines += aim_rows(config, workload, regime, seeds_at)
     lines += ["", "## Prediction quality: censoring-aware C-index of each rung", "",
@@ -446,13 +455,17 @@ def plot(args) -> None:
         rate = LOADS[(workload, regime)][0]
         seeds = cells[(workload, regime, rate)]
         best = best_sglang(seeds)
-        rungs = sorted(RUNGS, key=lambda rung: scores[rung])  # by quality; ties in the ladder's order
+        # by quality, ties in the ladder's order; the rescaled r̂₀ ranks as r̂₀ does: a star of its own
+        rungs = sorted([rung for rung in RUNGS if rung != RESCALED], key=lambda rung: scores[rung])
         for config, marker in zip(CONFIGS, "osv^"):
             values = [ratios(seeds, f"{config} | {rung}", best, "short_p99_s") for rung in rungs]
             mean = np.array([v.mean() for v in values])
             errors = np.array([[v.mean() - v.min() for v in values], [v.max() - v.mean() for v in values]])
             axis.errorbar([scores[rung] for rung in rungs], mean, yerr=errors, marker=marker, markersize=3, capsize=2,
                           label=config)
+        rescaled = ratios(seeds, f"{DEFAULT_CONFIG} | {RESCALED}", best, "short_p99_s").mean()
+        axis.plot([scores[RESCALED]], [rescaled], marker="*", markersize=9, color="C0", linestyle="none",
+                  label=f"{DEFAULT_CONFIG.split(' (')[0]}, {RESCALED}")
         for rung in ("constant", "outlets r0", "ceiling", "oracle"):
             value = ratios(seeds, f"{DEFAULT_CONFIG} | {rung}", best, "short_p99_s").mean()
             axis.annotate(rung, (scores[rung], value), fontsize=7, xytext=(3, 4), textcoords="offset points")

@@ -5,7 +5,8 @@ import pytest
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.censoring import CensoredRequests, c_index
-from specforge_outlets.simulation.predicted_lengths import constant_predictions, per_prompt_ceiling, shuffled_predictions
+from specforge_outlets.simulation.predicted_lengths import (constant_predictions, mean_rescaled_predictions, per_prompt_ceiling,
+                                                           shuffled_predictions)
 
 
 def test_a_constant_ranks_nothing():
@@ -42,3 +43,9 @@ def test_the_ceiling_ranks_as_well_as_the_prompt_allows():
     truth = np.concatenate(samples)
     requests = CensoredRequests.of(truth, np.zeros(truth.size, bool))
     assert 0.7 < c_index(requests, ceiling) < c_index(requests, truth) == 1.0
+
+
+def test_mean_rescaled_keeps_the_order_at_the_true_mean():
+    rescaled = mean_rescaled_predictions([100, 200, 300], [200, 400, 1200])  # mean 200 -> 600: x3
+    assert rescaled == pytest.approx([300, 600, 900])
+    assert mean_rescaled_predictions([5, 7], [5, 7]) == pytest.approx([5, 7])  # the oracle is its own scale

@@ -308,6 +308,18 @@ def shuffled_predictions(predictions: Sequence[float], seed: int) -> List[float]
     return values[np.random.default_rng(seed).permutation(len(values))].tolist()
 
 
+def mean_rescaled_predictions(predictions: Sequence[float], true_lengths: Sequence[float]) -> List[float]:
+    """A predictor's values times mean(true) / mean(predicted): its ranking, at the workload's mean length.
+
+    A predictor fitted in log space regresses long requests toward the median, so its mean is far
+    below the mean length; the scale is what a ratio of finished lengths to their predictions converges
+    to on a steady workload, so this bounds what an admission calibrating that way could gain.
+    """
+    values, true = np.asarray(predictions, np.float64), np.asarray(true_lengths, np.float64)
+    assert values.shape == true.shape and values.mean() > 0, (values.shape, true.shape)
+    return (values * (true.mean() / values.mean())).tolist()
+
+
 def per_prompt_ceiling(samples: Sequence[Sequence[float]]) -> List[List[float]]:
     """Each sample of a prompt predicted by the mean length of the prompt's other samples.
 
