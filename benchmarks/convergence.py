@@ -37,7 +37,8 @@ from specforge_outlets.studies.committed_data import LABEL_SET
 from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECIPE, VARIANTS
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
-from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, plot_curves,
+from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, length_metrics,
+                                                           plot_curves,
                                                            stop_reason)
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides, supervise
 
@@ -166,12 +167,36 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Op
     return bool(entry["stopped"])
 
 
+def fill_length_metrics(args: argparse.Namespace, name: str) -> None:
+    """Points of run ``name`` scored before a length metric existed: that side rescored from their exports
+    (drafting is left as it was measured)."""
+    from specforge_outlets.data.targets import resolve_target
+    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
+    from specforge_outlets.evaluation.predictor_api import EvalContext
+    from specforge_outlets.evaluation.requests import load_split
+
+    entry = read_curves(args)["drafts"].get(name)
+    target = resolve_target(args.target)
+    validation = load_split(paths(args.run)["val"], name="validation")
+    for point in entry["points"] if entry else []:
+        export = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{point['step']}")
+        if "log_slope" in point or not os.path.exists(os.path.join(export, "config.json")):
+            continue
+        predictions = OutletsPredictor(EvalContext(target_path=target, progress=False), load_draft(export, target),
+                                       export).predict(validation.with_censored())
+        point.update(length_metrics(validation, predictions, one_sided=True))
+        write_entry(args, name, entry)
+        print(f"{name} step {point['step']}: {json.dumps({k: point[k] for k in ('log_slope', 'long_predicted_long')})}")
+
+
 def curve(args: argparse.Namespace) -> None:
     for draft in DRAFTS:
         for variant in (None, *VARIANTS):
             name = run_name(draft, variant)
-            if os.path.isdir(train_dir(args, name)):
+            if os.path.isdir(train_dir(args, name)) and (not args.runs or name in args.runs):
                 evaluate_new(args, name, draft)
+                if args.fill:
+                    fill_length_metrics(args, name)
 
 
 def chosen_exports(args: argparse.Namespace) -> Dict[str, str]:
@@ -243,7 +268,10 @@ def main() -> int:
                          help="a variant run: one setting changed (its own name and curve)")
     trainer.add_argument("--until-step", type=int,
                          help="stop once the checkpoint at this step is evaluated (the schedule stays --budget's)")
-    sub.add_parser("curve")
+    curver = sub.add_parser("curve")
+    curver.add_argument("--fill", action="store_true",
+                        help="also rescore the length side of points scored before a length metric existed")
+    curver.add_argument("--runs", nargs="*", help="only these runs (e.g. outlets-head-lr-1x; default: every run)")
     tester = sub.add_parser("test")
     tester.add_argument("--step", nargs="*", default=[], metavar="DRAFT=STEP",
                         help="a draft's checkpoint to score (default: its last evaluated one)")

@@ -74,9 +74,8 @@ def validation_length_loss(requests: Sequence, dynamic: Sequence[np.ndarray], on
     return float(np.mean(losses))
 
 
-def checkpoint_point(step: int, validation: Split, predictions: List, drafting: Dict[str, Any],
-                     *, one_sided: bool) -> Dict[str, Any]:
-    """One point of the curve from the draft's predictions on every validation request and its drafting metrics."""
+def length_metrics(validation: Split, predictions: List, *, one_sided: bool) -> Dict[str, Any]:
+    """The length head's side of a point, from the draft's predictions on every validation request."""
     everything = validation.with_censored()
     assert len(predictions) == len(everything.requests)
     static = np.array([p.static for p in predictions])
@@ -86,18 +85,26 @@ def checkpoint_point(step: int, validation: Split, predictions: List, drafting: 
     dynamic = [p.dynamic if p.dynamic is not None else metrics.countdown(p.static, r.length)
                for p, r in zip(predictions, everything.requests)]
     return {
-        "step": step,
         "length_loss": validation_length_loss(everything.requests, dynamic, one_sided),
         "spearman": metrics.spearman(static[~censored], lengths[~censored]),
         "c_index": censoring.c_index(requests, static),
         "static_mae": metrics.static_mae(lengths[~censored], static[~censored]),
         "log_slope": metrics.log_slope(lengths[~censored], static[~censored]),
         "long_predicted_long": metrics.long_predicted_long(lengths, static),
+        "validation_requests": len(everything.requests),
+        "validation_censored": int(censored.sum()),
+    }
+
+
+def checkpoint_point(step: int, validation: Split, predictions: List, drafting: Dict[str, Any],
+                     *, one_sided: bool) -> Dict[str, Any]:
+    """One point of the curve from the draft's predictions on every validation request and its drafting metrics."""
+    return {
+        "step": step,
+        **length_metrics(validation, predictions, one_sided=one_sided),
         "mean_acceptance_rate": drafting["mean_acceptance_rate"],
         "first_step_acceptance": drafting["acceptance_rate_per_step"][0],
         "acceptance_rate_per_step": drafting["acceptance_rate_per_step"],
-        "validation_requests": len(everything.requests),
-        "validation_censored": int(censored.sum()),
     }
 
 
