@@ -197,6 +197,8 @@ def curve(args: argparse.Namespace) -> None:
                 evaluate_new(args, name, draft)
                 if args.fill:
                     fill_length_metrics(args, name)
+    curves = read_curves(args)["drafts"]  # drawn again: the figure follows the plotting code too
+    plot_curves({run: value["points"] for run, value in curves.items()}, os.path.join(args.report, "curves.png"))
 
 
 def chosen_exports(args: argparse.Namespace) -> Dict[str, str]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specforge_outlets.evaluation.checkpoint_curve import (
-    checkpoint_point, doubling_steps, relative_improvement, stop_reason, validation_length_loss)
+    checkpoint_point, doubling_steps, draft_of, relative_improvement, stop_reason, validation_length_loss)
 
 
 def test_checkpoints_double_up_to_the_budget():
@@ -55,3 +55,8 @@ def test_a_point_scores_spread_on_finished_responses_and_counts_censored_ones_as
     assert point["log_slope"] == pytest.approx(1.0)  # the censored response's 300 is left out of the slope
     assert point["long_predicted_long"] == pytest.approx(0.5)  # 900 predicted long, the censored one not
     assert (point["spearman"], point["validation_censored"]) == (pytest.approx(1.0), 1)
+
+
+def test_a_run_is_drawn_under_its_draft():
+    assert [draft_of(run) for run in ("outlets", "outlets-float32", "sd-only", "lp-only-head-lr-1x")] == [
+        "outlets", "outlets", "sd-only", "lp-only"]

@@ -109,25 +109,40 @@ def checkpoint_point(step: int, validation: Split, predictions: List, drafting: 
 
 
 def plot_curves(curves: Dict[str, List[Dict[str, Any]]], path: str) -> None:
-    """Length loss, Spearman, C-index and acceptance against optimizer steps, one line per draft."""
+    """Length loss, Spearman, C-index, log slope and acceptance against optimizer steps, one line per run.
+
+    A run keeps its colour in every panel and is drawn only in the panels of its draft's own objectives
+    (SD-only's untrained length head and LP-only's untrained drafter would only stretch the axes).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("length_loss", "validation length loss (log space)"), ("spearman", "Spearman of r̂₀ (finished)"),
-              ("c_index", "C-index (censored included)"), ("mean_acceptance_rate", "mean acceptance rate"))
+    panels = (("length_loss", "validation length loss (log space)", "length_loss"),
+              ("spearman", "Spearman of r̂₀ (finished)", "length_loss"),
+              ("c_index", "C-index (censored included)", "length_loss"),
+              ("log_slope", "slope of log r̂₀ on log length", "length_loss"),
+              ("mean_acceptance_rate", "mean acceptance rate", "mean_acceptance_rate"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
-    for ax, (key, title) in zip(axes, panels):
-        for draft, points in curves.items():
+    for ax, (key, title, objective) in zip(axes, panels):
+        for index, (run, points) in enumerate(curves.items()):
+            if objective not in {name for name, _ in OBJECTIVES[draft_of(run)]}:
+                continue
             values = [(p["step"], p[key]) for p in points if p.get(key) is not None]
             if values:
-                ax.plot(*zip(*values), marker="o", label=draft)
+                ax.plot(*zip(*values), marker="o", color=f"C{index % 10}", label=run)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("optimizer step")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles = {line.get_label(): line for ax in axes for line in ax.get_lines()}
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def draft_of(run: str) -> str:
+    """The draft a run trains (``outlets-float32``: ``outlets``)."""
+    return next(draft for draft in sorted(OBJECTIVES, key=len, reverse=True) if run == draft or run.startswith(f"{draft}-"))
