@@ -27,8 +27,9 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 from specforge_outlets.atomic import write_text_atomic
@@ -38,8 +39,7 @@ from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECI
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, length_metrics,
-                                                           plot_curves,
-                                                           stop_reason)
+                                                           plot_curves, stop_reason)
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides, supervise
 
 REPORT = os.path.join(LABEL_SET, "convergence")  # curves.json and curves.png, committed
@@ -108,6 +108,21 @@ def train_argv(args: argparse.Namespace, name: str) -> List[str]:
             f"run_id={name}", *METHOD, *DRAFTS[args.draft], *variant, *resume_overrides(out, name)]  # fmt: skip
 
 
+def export_dir(args: argparse.Namespace, name: str, step: int) -> str:
+    """Where run ``name``'s checkpoint at ``step`` is exported (``evaluate_new`` writes it)."""
+    return os.path.join(paths(args.run)["base"], "exports", f"{name}-step{step}")
+
+
+def validation_predictions(export: str, target: str, validation):
+    """The exported draft, loaded, and its predictions on every validation request (censored ones too)."""
+    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
+    from specforge_outlets.evaluation.predictor_api import EvalContext
+
+    model = load_draft(export, target)
+    return model, OutletsPredictor(EvalContext(target_path=target, progress=False), model, export).predict(
+        validation.with_censored())
+
+
 def train(args: argparse.Namespace) -> None:
     """Train ``--draft`` until the stopping rule, ``--until-step`` or the budget; a rerun resumes."""
     name = run_name(args.draft, args.variant)
@@ -118,8 +133,9 @@ def train(args: argparse.Namespace) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "WANDB_MODE": "offline"}
     code = supervise(train_argv(args, name), env, POLL_S, lambda: evaluate_new(args, name, args.draft, args.until_step))
-    if read_curves(args)["drafts"].get(name, {}).get("stopped"):
-        print(f"{name}: {read_curves(args)['drafts'][name]['stopped']}; the run stopped")
+    stopped = read_curves(args)["drafts"].get(name, {}).get("stopped")
+    if stopped:
+        print(f"{name}: {stopped}; the run stopped")
         return
     if code != 0:
         raise SystemExit(f"outlets train exited with {code}; rerun to resume from the last checkpoint")
@@ -135,8 +151,6 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Op
     import torch
 
     from specforge_outlets.evaluation.drafting import drafting_metrics, load_target_head
-    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
-    from specforge_outlets.evaluation.predictor_api import EvalContext
     from specforge_outlets.evaluation.requests import load_split
     from specforge_outlets.data.targets import resolve_target
     from specforge_outlets.training.export_command import export_draft
@@ -149,12 +163,10 @@ def evaluate_new(args: argparse.Namespace, name: str, draft: str, until_step: Op
     target = resolve_target(args.target)
     validation = load_split(paths(args.run)["val"], name="validation")
     for step in [s for s in wanted if s in found and s not in done]:
-        export = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{step}")
+        export = export_dir(args, name, step)
         if not os.path.exists(os.path.join(export, "config.json")):
             export_draft(found[step], export, os.path.join(train_dir(args, name), "draft_config.json"))
-        model = load_draft(export, target)
-        context = EvalContext(target_path=target, progress=False)
-        predictions = OutletsPredictor(context, model, export).predict(validation.with_censored())
+        model, predictions = validation_predictions(export, target, validation)
         drafting = drafting_metrics(model, load_target_head(target), validation.files(), progress=False)
         entry["points"].append(checkpoint_point(step, validation, predictions, drafting, one_sided=True))
         entry["points"].sort(key=lambda point: point["step"])
@@ -171,19 +183,16 @@ def fill_length_metrics(args: argparse.Namespace, name: str) -> None:
     """Points of run ``name`` scored before a length metric existed: that side rescored from their exports
     (drafting is left as it was measured)."""
     from specforge_outlets.data.targets import resolve_target
-    from specforge_outlets.evaluation.outlets_predictor import OutletsPredictor, load_draft
-    from specforge_outlets.evaluation.predictor_api import EvalContext
     from specforge_outlets.evaluation.requests import load_split
 
     entry = read_curves(args)["drafts"].get(name)
     target = resolve_target(args.target)
     validation = load_split(paths(args.run)["val"], name="validation")
     for point in entry["points"] if entry else []:
-        export = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{point['step']}")
+        export = export_dir(args, name, point["step"])
         if "log_slope" in point or not os.path.exists(os.path.join(export, "config.json")):
             continue
-        predictions = OutletsPredictor(EvalContext(target_path=target, progress=False), load_draft(export, target),
-                                       export).predict(validation.with_censored())
+        _, predictions = validation_predictions(export, target, validation)
         point.update(length_metrics(validation, predictions, one_sided=True))
         write_entry(args, name, entry)
         print(f"{name} step {point['step']}: {json.dumps({k: point[k] for k in ('log_slope', 'long_predicted_long')})}")
@@ -208,10 +217,10 @@ def chosen_exports(args: argparse.Namespace) -> Dict[str, str]:
         points = curves.get(name, {}).get("points")
         if not points:
             raise SystemExit(f"{name}: no evaluated checkpoint in {args.report}/curves.json; train it first")
-        step = args.step.get(draft, points[-1]["step"])
+        step = dict(args.step).get(draft, points[-1]["step"])
         if step not in {point["step"] for point in points}:
             raise SystemExit(f"--step {draft}={step}: {name} has points at {[point['step'] for point in points]}")
-        exports[draft] = os.path.join(paths(args.run)["base"], "exports", f"{name}-step{step}")
+        exports[draft] = export_dir(args, name, step)
         if not os.path.exists(os.path.join(exports[draft], "config.json")):
             raise SystemExit(f"{exports[draft]} is missing; `curve` exports each evaluated checkpoint")
     return exports
@@ -219,8 +228,6 @@ def chosen_exports(args: argparse.Namespace) -> Dict[str, str]:
 
 def test(args: argparse.Namespace) -> None:
     """Score the chosen checkpoints on the test split with every baseline; resumable (a written report is kept)."""
-    import shutil
-
     test_features = os.path.join(args.run, "features", "test")
     if not written(os.path.join(test_features, "manifest.json")):
         raise SystemExit(f"no test features at {test_features}: capture them (resumable) with "
@@ -242,14 +249,12 @@ def test(args: argparse.Namespace) -> None:
     print(f"report: {os.path.join(args.report, 'eval', 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
 
 
-def parse_steps(values: List[str]) -> Dict[str, int]:
-    steps = {}
-    for value in values:
-        draft, _, step = value.partition("=")
-        if draft not in TEST_RUNS or not step.isdigit():
-            raise argparse.ArgumentTypeError(f"--step {value!r}: expected DRAFT=STEP, DRAFT one of {', '.join(TEST_RUNS)}")
-        steps[draft] = int(step)
-    return steps
+def draft_step(value: str) -> Tuple[str, int]:
+    """``--step``'s ``DRAFT=STEP``."""
+    draft, _, step = value.partition("=")
+    if draft not in TEST_RUNS or not step.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected DRAFT=STEP, DRAFT one of {', '.join(TEST_RUNS)}")
+    return draft, int(step)
 
 
 def main() -> int:
@@ -275,14 +280,9 @@ def main() -> int:
                         help="also rescore the length side of points scored before a length metric existed")
     curver.add_argument("--runs", nargs="*", help="only these runs (e.g. outlets-head-lr-1x; default: every run)")
     tester = sub.add_parser("test")
-    tester.add_argument("--step", nargs="*", default=[], metavar="DRAFT=STEP",
+    tester.add_argument("--step", nargs="*", type=draft_step, default=[], metavar="DRAFT=STEP",
                         help="a draft's checkpoint to score (default: its last evaluated one)")
     args = parser.parse_args()
-    if args.command == "test":
-        try:
-            args.step = parse_steps(args.step)
-        except argparse.ArgumentTypeError as error:
-            parser.error(str(error))
     {"split": split, "train": train, "curve": curve, "test": test}[args.command](args)
     return 0
 
