@@ -43,6 +43,7 @@ from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoin
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides, supervise
 
 REPORT = os.path.join(LABEL_SET, "convergence")  # curves.json and curves.png, committed
+DEFAULT_BUDGET = 4000  # optimizer steps per draft, for runs that record none yet
 POLL_S = 60.0  # seconds between looks for a new checkpoint while training
 VALIDATION_SHARE = 0.1  # of the train split's prompt groups
 # The method settings of the convergence runs: the recipe's, with censored responses trained
@@ -58,6 +59,15 @@ def paths(run: str) -> Dict[str, str]:
     base = os.path.join(run, "convergence")
     return {"base": base, "fit": os.path.join(base, "features", "fit"), "val": os.path.join(base, "features", "val"),
             "train": os.path.join(run, "features", "train")}
+
+
+def recorded_budget(report: str) -> int:
+    """The budget ``report``'s curves.json records, or DEFAULT_BUDGET before any run wrote one."""
+    path = os.path.join(report, "curves.json")
+    if not os.path.exists(path):
+        return DEFAULT_BUDGET
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["budget"]
 
 
 def read_curves(args: argparse.Namespace) -> Dict[str, Any]:
@@ -260,7 +270,9 @@ def draft_step(value: str) -> Tuple[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="the sharegpt_outlets.py output (features/train)")
-    parser.add_argument("--budget", type=int, default=4000, help="optimizer steps at most per draft")
+    parser.add_argument("--budget", type=int,
+                        help=f"optimizer steps at most per draft (default: the budget --report's curves.json records, "
+                             f"else {DEFAULT_BUDGET}; it sets the runs' cosine schedule and their evaluated checkpoints)")
     parser.add_argument("--first-step", type=int, default=FIRST_STEP,
                         help="the first evaluated checkpoint, then every doubling (and the checkpoint interval)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a core stays free)")
@@ -283,6 +295,8 @@ def main() -> int:
     tester.add_argument("--step", nargs="*", type=draft_step, default=[], metavar="DRAFT=STEP",
                         help="a draft's checkpoint to score (default: its last evaluated one)")
     args = parser.parse_args()
+    if args.budget is None:  # a curve or test call without --budget keeps the runs' own
+        args.budget = recorded_budget(args.report)
     {"split": split, "train": train, "curve": curve, "test": test}[args.command](args)
     return 0
 
