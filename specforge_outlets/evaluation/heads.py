@@ -18,6 +18,7 @@ Sharing it is what makes the comparison fair: no baseline gets more care than an
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -62,6 +63,17 @@ class Standardised(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body((x.float() - self.mean) / self.std)
+
+    @torch.no_grad()
+    def folded(self) -> nn.Sequential:
+        """A copy of the body that reads raw inputs: the standardisation folded into its first layer
+        (``W' = W / std``, ``b' = b - W' mean``), for a module that must keep the body's shape."""
+        body = copy.deepcopy(self.body)
+        first = body[0]
+        assert isinstance(first, nn.Linear), first
+        first.weight.div_(self.std[None, :])
+        first.bias.sub_(first.weight @ self.mean)
+        return body
 
 
 def mlp(inputs: int, hidden: Sequence[int], outputs: int) -> nn.Sequential:

@@ -171,19 +171,20 @@ class OutletsLengthPredictor:
                          f"{p}.mlp.down_proj")
         return residual + m
 
-    def _head_input(self, states: torch.Tensor) -> torch.Tensor:
+    def normalized_state(self, states: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        """The state the heads read (normalised as the LM head reads it)."""
         return _rms_norm(states, self.w["norm.weight"], self.eps) if self.norm_output else states
 
     @torch.no_grad()
     def log_remaining(self, states: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T] z = log(1 + predicted remaining tokens)."""
-        return self.length_head.log_remaining(self.length_head(self._head_input(states))).float()
+        return self.length_head.log_remaining(self.length_head(self.normalized_state(states))).float()
 
     @torch.no_grad()
     def log_remaining_quantiles(self, states: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, K] z quantiles at ``outlets.quantile_levels`` (the export must have a quantile head)."""
         assert self.quantile_head is not None, "this export has no quantile head (outlets.quantile_levels)"
-        return QuantileHead.log_remaining_quantiles(self.quantile_head(self._head_input(states)))
+        return QuantileHead.log_remaining_quantiles(self.quantile_head(self.normalized_state(states)))
 
     @torch.no_grad()
     def prompt_log_remaining(self, fused_features: torch.Tensor, prompt_ids, first_token) -> torch.Tensor:

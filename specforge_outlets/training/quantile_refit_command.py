@@ -1,0 +1,151 @@
+"""``outlets fit-quantile-head``: a quantile head fitted on a trained draft's frozen states, written into a copy of its export.
+
+Why after training rather than with it: the head then costs minutes instead of a training run, leaves
+drafting and the point head exactly as trained (the copy's config says ``quantile_mode: detached``: the
+draft never saw its gradient), and is fitted on the state the converged draft actually computes.
+Censored responses enter one-sided (``model.quantile_head.pinball_rows``), so an upper quantile is
+free to pass the generation cap where the state says the response runs long; only then can a
+censored response count as covered.
+
+The fit is the probes' recipe (``evaluation.heads.fit_head`` at the probes' training positions, epochs
+chosen on held-out requests), so this head and the probes' quantile heads differ only in the state
+they read. Its input standardisation is folded into the first layer, so the export keeps the draft's
+own ``QuantileHead`` and SGLang's plugin serves it unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Dict, Tuple
+
+import torch
+
+from specforge_outlets.errors import OutletsError
+
+REFIT_FILE = "quantile_refit.json"  # what the head was fitted on, next to the copy's config.json
+
+
+def register(subparsers) -> None:
+    from specforge_outlets.evaluation.eval_command import parse_levels
+    from specforge_outlets.scheduling.length_distribution import DEFAULT_QUANTILE_LEVELS
+
+    parser = subparsers.add_parser(
+        "fit-quantile-head",
+        help="fit a quantile head on a trained draft's frozen states; write the export with it to a new directory",
+    )
+    parser.add_argument("--draft", required=True, help="an `outlets export` directory")
+    parser.add_argument("--features", required=True, help="captured training features (`outlets capture`)")
+    parser.add_argument("--target", required=True, help="the target model (the draft reads its token embedding)")
+    parser.add_argument("--output", required=True, help="new export directory: the draft's files plus the quantile head")
+    parser.add_argument("--levels", type=parse_levels, default=DEFAULT_QUANTILE_LEVELS,
+                        help=f"quantile levels (default {','.join(map(str, DEFAULT_QUANTILE_LEVELS))}, the scheduler's)")
+    parser.add_argument("--censored-training", choices=("one_sided", "drop"), default="one_sided",
+                        help="censored responses: fitted as lower bounds (default) or left out")
+    parser.add_argument("--max-epochs", type=int, default=60, help="epochs at most (chosen on held-out requests)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specforge_outlets.evaluation.outlets_predictor import load_draft
+    from specforge_outlets.evaluation.requests import load_split
+
+    if os.path.abspath(args.output) == os.path.abspath(args.draft):
+        raise OutletsError(f"--output {args.output} is --draft: write the copy to a new directory")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise OutletsError(f"--output {args.output} exists; pass --overwrite to replace it")
+    split = load_split(args.features, name="features")
+    if args.censored_training == "one_sided":
+        split = split.with_censored()
+    predictor = draft_predictor(args.draft, load_draft(args.draft, args.target).embed_tokens)
+    rows = draft_state_rows(predictor, split, progress=not args.no_progress)
+    head, info = fit_quantile_head(rows, predictor.outlets.head_widths, args.levels, args.max_epochs, args.seed)
+    info.update(draft=os.path.abspath(args.draft), features=os.path.abspath(args.features),
+                censored_training=args.censored_training, requests=len(split),
+                censored_requests=sum(request.censored for request in split.requests))
+    write_export(args.draft, args.output, head, args.levels, info)
+    print(f"quantile head at levels {list(args.levels)}: {info['epochs']} epochs, validation pinball "
+          f"{info['validation_loss']:.4f} on {info['validation_requests']} held-out requests -> {args.output}")
+    return 0
+
+
+def draft_predictor(directory: str, embed_tokens: torch.nn.Module):
+    """The export's served forward (``model.plain_draft``): the states the plugin's heads read."""
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
+
+    return OutletsLengthPredictor(directory, embed_tokens)
+
+
+@torch.no_grad()
+def draft_state_rows(predictor, split, progress: bool = True) -> Dict[str, torch.Tensor]:
+    """The quantile head's training rows: the draft's normalised state at the probes' positions of each response.
+
+    Position ``prompt_end + t`` reads token ``t`` of the response and predicts the ``L - t`` tokens still
+    to come, the same pairing as the point head's and the probes'.
+    """
+    from tqdm import tqdm
+
+    from specforge_outlets.data.labels import shift_left
+    from specforge_outlets.evaluation.baselines.probe import training_positions
+
+    xs, ys, weights, groups, censored = [], [], [], [], []
+    for _, features, members in tqdm(split.by_file(), total=len(split.files()), desc="draft states",
+                                     unit="file", disable=not progress):
+        next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
+        states = predictor.normalized_state(predictor.states(features["aux_hidden_state"][0], next_ids)).float()  # [T, H]
+        for index, request in members:
+            t = training_positions(request.length)
+            xs.append(states[request.prompt_end + t])
+            ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
+            weights.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
+            groups.append(torch.full((len(t),), index))
+            censored.append(torch.full((len(t),), request.censored))  # then L - t is a lower bound
+    return {"x": torch.cat(xs), "y": torch.cat(ys), "sample_weight": torch.cat(weights),
+            "groups": torch.cat(groups), "censored": torch.cat(censored)}
+
+
+def fit_quantile_head(rows: Dict[str, torch.Tensor], widths, levels, max_epochs: int, seed: int):
+    """A ``QuantileHead`` of the draft's widths fitted by the probes' recipe; returns it and the fit's info."""
+    from specforge_outlets.evaluation.baselines.probe import SETTINGS
+    from specforge_outlets.evaluation.heads import Pinball, fit_head
+    from specforge_outlets.model.quantile_head import QuantileHead
+
+    pinball = Pinball(levels)
+    settings = dataclasses.replace(SETTINGS, hidden=tuple(widths[1:]), outputs=pinball.outputs, max_epochs=max_epochs)
+    fitted = fit_head(rows["x"], rows["y"], settings, seed=seed, groups=rows["groups"],
+                      sample_weight=rows["sample_weight"], censored=rows["censored"], loss=pinball)
+    head = QuantileHead(widths, levels)
+    head.mlp.load_state_dict(fitted.model.folded().state_dict())
+    return head, {**fitted.info(), "levels": list(levels), "training_positions": int(len(rows["x"]))}
+
+
+def write_export(source: str, output: str, head: torch.nn.Module, levels: Tuple[float, ...], info: Dict) -> None:
+    """``source``'s files with the quantile head's weights added (in the export's dtype) and its config naming them.
+
+    Written to a temporary directory first and moved into place, so an interrupted run leaves no half export.
+    """
+    from safetensors.torch import load_file, save_file
+
+    partial = output.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    weights_path = os.path.join(partial, "model.safetensors")
+    weights = {name: tensor for name, tensor in load_file(weights_path).items() if not name.startswith("quantile_head.")}
+    dtype = weights["fc.weight"].dtype
+    weights.update({f"quantile_head.{name}": tensor.to(dtype).contiguous() for name, tensor in head.state_dict().items()})
+    save_file(weights, weights_path, metadata={"format": "pt"})
+    config_path = os.path.join(partial, "config.json")
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["outlets_config"].update(quantile_levels=list(levels), quantile_mode="detached")
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2)
+    with open(os.path.join(partial, REFIT_FILE), "w", encoding="utf-8") as handle:
+        json.dump(info, handle, indent=2)
+    shutil.rmtree(output, ignore_errors=True)
+    os.replace(partial, output)
