@@ -7,6 +7,7 @@ capture``). Three subcommands, each resumable:
     python benchmarks/convergence.py --run RUN train --draft outlets # train; killed or stopped, rerun it
     python benchmarks/convergence.py --run RUN curve                 # evaluate new checkpoints only
     python benchmarks/convergence.py --run RUN test                  # the chosen checkpoints on the test split
+    python benchmarks/convergence.py --run RUN scale                 # OUTLETS and the N/2 probe on nested subsets
 
 ``train`` runs ``outlets train`` on one thread (a core stays free) to ``--budget`` optimizer steps
 with a checkpoint every ``--first-step`` (250); restarted, it resumes from the newest complete checkpoint
@@ -19,6 +20,12 @@ checkpoint (its last evaluated one, or ``--step``) against every baseline fitted
 training responses (the fit split, censored ones one-sided as the drafts trained), into
 ``--report``/``eval/``. Keep ``--run`` outside the work tree: checkpoints are large and must outlive
 a fresh checkout.
+
+``scale`` answers the scaling claim on the validation split: OUTLETS trained on nested subsets of the
+fit split (``SCALING_FRACTIONS``) at the same relative budget as the full run's point at
+``SCALING_STEP`` (the schedule and the stop both scaled by the fraction, so each size sees the same
+number of epochs at the same place in its schedule), and the N/2 probe fitted on the same subsets.
+Runs and points go to ``--report``/``scaling/`` (``scaling.json``, ``scaling.png``).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECI
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, length_metrics,
-                                                           plot_curves, stop_reason)
+                                                           plot_curves, plot_scaling, stop_reason)
 from specforge_outlets.training.resumable import complete_checkpoints, prune_checkpoints, resume_overrides, supervise
 
 REPORT = os.path.join(LABEL_SET, "convergence")  # curves.json and curves.png, committed
@@ -53,6 +60,8 @@ METHOD = ("outlets.length_censored=one_sided",)
 # rate; the runs named ``outlets`` and ``lp-only`` trained it at 10x).
 TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "lp-only-head-lr-1x"}
 COMMITTED = ("report.json", "report.md", "predictions.jsonl.gz")  # of the test report, into --report/eval
+SCALING_FRACTIONS = (0.125, 0.25, 0.5)  # nested subsets of the fit split's files; the whole split is the fourth size
+SCALING_STEP = 1000  # the main OUTLETS run's point (about one epoch) whose relative budget each subset gets
 
 
 def paths(run: str) -> Dict[str, str]:
@@ -91,9 +100,9 @@ def write_entry(args: argparse.Namespace, name: str, entry: Dict[str, Any]) -> N
                     os.path.join(args.report, "curves.png"))
 
 
-def run_name(draft: str, variant: Optional[str]) -> str:
-    """A draft's run, or a variant's (``outlets-float32``: bf16's effect at equal steps)."""
-    return draft if variant is None else f"{draft}-{variant}"
+def run_name(draft: str, variant: Optional[str], train_files: Optional[int] = None) -> str:
+    """A draft's run, a variant's (``outlets-float32``: bf16's effect at equal steps) or a subset's (``outlets-n263``)."""
+    return (draft if variant is None else f"{draft}-{variant}") + (f"-n{train_files}" if train_files else "")
 
 
 def split(args: argparse.Namespace) -> None:
@@ -112,7 +121,7 @@ def train_argv(args: argparse.Namespace, name: str) -> List[str]:
     out = train_dir(args, name)
     variant = VARIANTS[args.variant] if args.variant else ()
     return [sys.executable, "-m", "specforge_outlets.cli", "train", "--config", RECIPE,
-            f"model.target_model_path={args.target}", f"data.hidden_states_path={paths(args.run)['fit']}",
+            f"model.target_model_path={args.target}", f"data.hidden_states_path={args.fit or paths(args.run)['fit']}",
             f"data.max_length={args.max_length}", "training.num_epochs=1000", f"training.max_steps={args.budget}",
             f"training.save_interval={args.first_step}", f"output_dir={out}", f"tracking.wandb_dir={out}",
             f"run_id={name}", *METHOD, *DRAFTS[args.draft], *variant, *resume_overrides(out, name)]  # fmt: skip
@@ -135,7 +144,7 @@ def validation_predictions(export: str, target: str, validation):
 
 def train(args: argparse.Namespace) -> None:
     """Train ``--draft`` until the stopping rule, ``--until-step`` or the budget; a rerun resumes."""
-    name = run_name(args.draft, args.variant)
+    name = run_name(args.draft, args.variant, args.train_files)
     entry = read_curves(args)["drafts"].get(name, {"points": [], "stopped": None})
     if entry["stopped"]:
         print(f"{name}: stopped ({entry['stopped']})")
@@ -259,6 +268,58 @@ def test(args: argparse.Namespace) -> None:
     print(f"report: {os.path.join(args.report, 'eval', 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
 
 
+def scale(args: argparse.Namespace) -> None:
+    """OUTLETS and the N/2 probe on nested subsets of the fit split at one relative budget; resumable per size."""
+    from specforge_outlets.data.feature_subset import subset_features
+    from specforge_outlets.data.manifest import read_manifest
+
+    where = paths(args.run)
+    report = os.path.join(args.report, "scaling")
+    total = len(read_manifest(where["fit"])["files"])
+    points = []
+    for fraction in (*SCALING_FRACTIONS, 1.0):
+        files = round(fraction * total)
+        if fraction < 1.0:
+            fit = os.path.join(where["base"], "features", f"fit-{files}")
+            if not written(os.path.join(fit, "manifest.json")):
+                shutil.rmtree(fit, ignore_errors=True)  # a half-linked subset is linked again
+                subset_features(where["fit"], fit, files, seed=0)
+            until = round(SCALING_STEP * fraction)
+            sized = argparse.Namespace(**{**vars(args), "fit": fit, "train_files": files, "report": report,
+                                          "budget": round(args.budget * fraction), "first_step": until,
+                                          "until_step": until, "draft": "outlets", "variant": None})
+            train(sized)
+            outlets_point = read_curves(sized)["drafts"][run_name("outlets", None, files)]["points"][-1]
+        else:  # the full fit split: the main run's point at the same relative budget
+            fit = where["fit"]
+            outlets_point = next(point for point in read_curves(args)["drafts"][TEST_RUNS["outlets"]]["points"]
+                                 if point["step"] == SCALING_STEP)
+        points.append({"fraction": fraction, "train_files": files, "outlets": outlets_point,
+                       "probe-mid": probe_point(args, fit, report, files)})
+        write_text_atomic(os.path.join(report, "scaling.json"), json.dumps({"points": points}, indent=2))
+    plot_scaling(points, os.path.join(report, "scaling.png"))
+    print(f"scaling: {os.path.join(report, 'scaling.json')}")
+
+
+def probe_point(args: argparse.Namespace, fit: str, report: str, files: int) -> Dict[str, Any]:
+    """The N/2 probe fitted on ``fit`` (censored responses one-sided, as the drafts), scored on validation; kept once written."""
+    from specforge_outlets.evaluation.baselines.probe import MidProbePredictor
+    from specforge_outlets.evaluation.predictor_api import EvalContext
+    from specforge_outlets.evaluation.requests import load_split
+
+    path = os.path.join(report, "probes", f"probe-mid-{files}.json")
+    if written(path):
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    probe = MidProbePredictor(EvalContext(progress=False, options={"censored_training": "one_sided"}))
+    probe.fit(load_split(fit, name="fit"))
+    validation = load_split(paths(args.run)["val"], name="validation")
+    point = {**length_metrics(validation, probe.predict(validation.with_censored()), one_sided=True), **probe.info}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_text_atomic(path, json.dumps(point, indent=2))
+    return point
+
+
 def draft_step(value: str) -> Tuple[str, int]:
     """``--step``'s ``DRAFT=STEP``."""
     draft, _, step = value.partition("=")
@@ -291,13 +352,15 @@ def main() -> int:
     curver.add_argument("--fill", action="store_true",
                         help="also rescore the length side of points scored before a length metric existed")
     curver.add_argument("--runs", nargs="*", help="only these runs (e.g. outlets-head-lr-1x; default: every run)")
+    sub.add_parser("scale")
     tester = sub.add_parser("test")
     tester.add_argument("--step", nargs="*", type=draft_step, default=[], metavar="DRAFT=STEP",
                         help="a draft's checkpoint to score (default: its last evaluated one)")
+    parser.set_defaults(fit=None, train_files=None, until_step=None, variant=None)  # scale's subset runs set them
     args = parser.parse_args()
     if args.budget is None:  # a curve or test call without --budget keeps the runs' own
         args.budget = recorded_budget(args.report)
-    {"split": split, "train": train, "curve": curve, "test": test}[args.command](args)
+    {"split": split, "train": train, "curve": curve, "test": test, "scale": scale}[args.command](args)
     return 0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specforge_outlets.evaluation.checkpoint_curve import (
-    checkpoint_point, doubling_steps, draft_of, relative_improvement, stop_reason, validation_length_loss)
+    checkpoint_point, doubling_steps, draft_of, plot_scaling, relative_improvement, stop_reason, validation_length_loss)
 
 
 def test_checkpoints_double_up_to_the_budget():
@@ -60,3 +60,11 @@ def test_a_point_scores_spread_on_finished_responses_and_counts_censored_ones_as
 def test_a_run_is_drawn_under_its_draft():
     assert [draft_of(run) for run in ("outlets", "outlets-float32", "sd-only", "lp-only-head-lr-1x")] == [
         "outlets", "outlets", "sd-only", "lp-only"]
+
+
+def test_a_subset_run_is_drawn_under_its_draft_and_the_scaling_figure_is_written(tmp_path):
+    assert draft_of("outlets-n263") == "outlets"
+    score = {"length_loss": 1.6, "spearman": 0.5, "c_index": 0.6}
+    points = [{"train_files": n, "outlets": score, "probe-mid": {**score, "spearman": 0.55}} for n in (263, 526, 2104)]
+    plot_scaling(points, str(tmp_path / "scaling.png"))
+    assert (tmp_path / "scaling.png").stat().st_size > 0

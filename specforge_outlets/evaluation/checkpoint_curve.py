@@ -146,3 +146,25 @@ def plot_curves(curves: Dict[str, List[Dict[str, Any]]], path: str) -> None:
 def draft_of(run: str) -> str:
     """The draft a run trains (``outlets-float32``: ``outlets``)."""
     return next(draft for draft in sorted(OBJECTIVES, key=len, reverse=True) if run == draft or run.startswith(f"{draft}-"))
+
+
+def plot_scaling(points: Sequence[Dict[str, Any]], path: str) -> None:
+    """Validation length loss, Spearman and C-index against training responses: OUTLETS beside the N/2 probe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("length_loss", "validation length loss (log space)"), ("spearman", "Spearman of r̂₀ (finished)"),
+              ("c_index", "C-index (censored included)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+    for ax, (key, title) in zip(axes, panels):
+        for predictor in ("outlets", "probe-mid"):
+            ax.plot([p["train_files"] for p in points], [p[predictor][key] for p in points], marker="o", label=predictor)
+        ax.set_xscale("log")
+        ax.set_xlabel("training conversations (nested subsets)")
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
