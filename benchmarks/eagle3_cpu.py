@@ -74,13 +74,13 @@ def smollm2_dir() -> str:
     return str(ensure_smollm2())
 
 
-def test_prompts(count: int) -> List[dict]:
+def test_prompts(count: int, drafts: Dict[str, str]) -> List[dict]:
     """The first ``count`` test-split conversations whose chat prompt has at most MAX_PROMPT_TOKENS tokens."""
     from transformers import AutoTokenizer
 
     from specforge_outlets.data.chat_tokens import generation_prompt_ids
 
-    missing = [path for path in (TEST_SPLIT, *DRAFTS.values()) if not os.path.exists(path)]
+    missing = [path for path in (TEST_SPLIT, *drafts.values()) if not os.path.exists(path)]
     if missing:
         raise SystemExit(f"missing {missing}: run `python benchmarks/sharegpt_outlets.py --output {RUNS}` first "
                          "(it regenerates the label set and trains both drafts)")
@@ -97,6 +97,10 @@ def test_prompts(count: int) -> List[dict]:
     raise SystemExit(f"only {len(prompts)} test prompts of at most {MAX_PROMPT_TOKENS} tokens in {TEST_SPLIT}")
 
 
+def drafts_of(args) -> Dict[str, str]:
+    return {"outlets": args.outlets_draft, "sd-only": args.sd_only_draft}
+
+
 def server(device: str, args: List[str], log: str) -> SGLangServer:
     spec = DEVICE_ARGS[device]
     os.makedirs(os.path.dirname(log), exist_ok=True)
@@ -108,9 +112,15 @@ def server(device: str, args: List[str], log: str) -> SGLangServer:
 
 
 def recorded(flags: List[str]) -> List[str]:
-    """Server flags as a committed result keeps them: paths in the checkout relative to it, no machine's path."""
-    return [os.path.relpath(flag, REPO) if os.path.isabs(flag) and flag.startswith(REPO + os.sep) else flag
-            for flag in flags]
+    """Server flags as a committed result keeps them: paths in the checkout relative to it, others by their
+    last two parts (a run directory outside the work tree), no machine's path."""
+    def kept(flag: str) -> str:
+        if not os.path.isabs(flag):
+            return flag
+        if flag.startswith(REPO + os.sep):
+            return os.path.relpath(flag, REPO)
+        return os.path.join("RUN", *flag.rstrip(os.sep).split(os.sep)[-2:])
+    return [kept(flag) for flag in flags]
 
 
 def log_path(result_path: str) -> str:
@@ -138,10 +148,10 @@ def serve_greedy(device: str, args: List[str], prompts: List[dict], max_new_toke
 
 
 def acceptance(args) -> None:
-    prompts = test_prompts(args.prompts)
-    runs = {"no speculation": [], "outlets": SPECULATIVE + ["--speculative-draft-model-path", DRAFTS["outlets"],
+    prompts = test_prompts(args.prompts, drafts_of(args))
+    runs = {"no speculation": [], "outlets": SPECULATIVE + ["--speculative-draft-model-path", args.outlets_draft,
                                                             "--schedule-policy", "outlets"],
-            "sd-only": SPECULATIVE + ["--speculative-draft-model-path", DRAFTS["sd-only"]]}
+            "sd-only": SPECULATIVE + ["--speculative-draft-model-path", args.sd_only_draft]}
     for name, flags in runs.items():
         path = os.path.join(args.output, "acceptance", f"{name.replace(' ', '-')}.json")
         if written(path):
@@ -170,8 +180,8 @@ def decode_steps(log_text: str) -> Dict[int, Dict[str, float]]:
 
 
 def overhead(args) -> None:
-    prompts = test_prompts(max(args.batch_sizes))
-    draft = SPECULATIVE + ["--speculative-draft-model-path", DRAFTS["outlets"]]
+    prompts = test_prompts(max(args.batch_sizes), drafts_of(args))
+    draft = SPECULATIVE + ["--speculative-draft-model-path", args.outlets_draft]
     policies = {"head read": ["--schedule-policy", "outlets"], "no head read": ["--schedule-policy", "fcfs"]}
     for repetition in range(args.repetitions):  # interleaved: a fresh server per policy and repetition
         for name, flags in policies.items():
@@ -266,17 +276,19 @@ def summarize(args) -> dict:
     measured = (f"benchmarks/eagle3_cpu.py --device {args.device} --prompts {args.prompts} --max-new-tokens "
                 f"{args.max_new_tokens} --batch-sizes {' '.join(map(str, args.batch_sizes))} --overhead-tokens "
                 f"{args.overhead_tokens} --repetitions {args.repetitions}")
+    if drafts_of(args) != DRAFTS:
+        measured += " " + " ".join(recorded(["--outlets-draft", args.outlets_draft, "--sd-only-draft", args.sd_only_draft]))
     return {"command": measured, "device": args.device,
-            "speculative_flags": SPECULATIVE, "acceptance": accept, "teacher_forced": teacher_forced(),
+            "speculative_flags": SPECULATIVE, "acceptance": accept, "teacher_forced": teacher_forced(args.eval_report),
             "decode_steps": steps}
 
 
-def teacher_forced() -> dict:
+def teacher_forced(eval_report: str) -> dict:
     """``outlets eval``'s drafting block: the first draft step's acceptance on the test split's
     regenerated (sampled) responses, teacher-forced; the live runs draft one token per step."""
-    if not os.path.exists(EVAL_REPORT):
+    if not os.path.exists(eval_report):
         return {}
-    with open(EVAL_REPORT) as handle:
+    with open(eval_report) as handle:
         drafting = json.load(handle).get("drafting") or {}
     return {name: {"first_step_acceptance_rate": block["acceptance_rate_per_step"][0],
                    "first_step_top1": block["top1_acc_per_step"][0], "positions": block["positions"]}
@@ -350,9 +362,10 @@ def report(args) -> None:
                   f"{forced['outlets']['first_step_acceptance_rate']:.4f}, SD-only "
                   f"{forced['sd_only']['first_step_acceptance_rate']:.4f}. Live, the accepted drafts per verify "
                   "step above are the same quantity on greedy outputs."]
-    lines += ["", "## Decode step with and without the length-head read", "",
-              "| batch | ms/step with head | ms/step without | ratio | inside the plugin ms | share of step | "
-              "spread with / without |", "|---:|---:|---:|---:|---:|---:|---|"]
+    if result["decode_steps"]:
+        lines += ["", "## Decode step with and without the length-head read", "",
+                  "| batch | ms/step with head | ms/step without | ratio | inside the plugin ms | share of step | "
+                  "spread with / without |", "|---:|---:|---:|---:|---:|---:|---|"]
     for batch, row in sorted(result["decode_steps"].items(), key=lambda item: int(item[0])):
         lines.append(f"| {batch} | {row['step_ms_with_head']:.2f} | {row['step_ms_without_head']:.2f} | "
                      f"x{row['step_ratio']:.3f} | {row['plugin_ms']:.3f} | {100 * row['plugin_share_of_step']:.2f}% | "
@@ -382,6 +395,10 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--overhead-tokens", type=int, default=48)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--outlets-draft", default=DRAFTS["outlets"], help="the OUTLETS draft export")
+    parser.add_argument("--sd-only-draft", default=DRAFTS["sd-only"], help="the SD-only draft export")
+    parser.add_argument("--eval-report", default=EVAL_REPORT,
+                        help="`outlets eval` report.json of the same drafts: the teacher-forced acceptance beside")
     args = parser.parse_args()
     for stage in args.stages:
         STAGES[stage](args)
