@@ -18,8 +18,9 @@ stopped once the last doubling improved each of its own objectives by under 2%. 
 ``curves.png``, committed). Only ``test`` reads the test split: ``outlets eval`` of each draft's chosen
 checkpoint (its last evaluated one, or ``--step``) against every baseline fitted on the drafts' own
 training responses (the fit split, censored ones one-sided as the drafts trained), into
-``--report``/``eval/``. Keep ``--run`` outside the work tree: checkpoints are large and must outlive
-a fresh checkout.
+``--report``/``eval/``; the OUTLETS draft is scored with a quantile head fitted on its frozen states
+(``outlets fit-quantile-head``), the probes with their own, both calibrated on the validation split.
+Keep ``--run`` outside the work tree: checkpoints are large and must outlive a fresh checkout.
 
 ``scale`` answers the scaling claim on the validation split: OUTLETS trained on nested subsets of the
 fit split (``SCALING_FRACTIONS``) at the same relative budget as the full run's point at
@@ -42,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.studies.committed_data import LABEL_SET
+from specforge_outlets.scheduling.length_distribution import DEFAULT_QUANTILE_LEVELS
 from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECIPE, VARIANTS
 from specforge_outlets.data.feature_subset import split_validation
 from specforge_outlets.demo.stages import written
@@ -60,6 +62,9 @@ METHOD = ("outlets.length_censored=one_sided",)
 # rate; the runs named ``outlets`` and ``lp-only`` trained it at 10x).
 TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "lp-only-head-lr-1x"}
 COMMITTED = ("report.json", "report.md", "predictions.jsonl.gz")  # of the test report, into --report/eval
+# The quantile head fitted on the chosen OUTLETS draft and, for comparison, by the probes: the scheduler's
+# levels; the validation split (no draft or probe trained on it) calibrates their conformal correction.
+QUANTILE_LEVELS = DEFAULT_QUANTILE_LEVELS
 SCALING_FRACTIONS = (0.125, 0.25, 0.5)  # nested subsets of the fit split's files; the whole split is the fourth size
 SCALING_STEP = 1000  # the main OUTLETS run's point (about one epoch) whose relative budget each subset gets
 
@@ -252,14 +257,16 @@ def test(args: argparse.Namespace) -> None:
         raise SystemExit(f"no test features at {test_features}: capture them (resumable) with "
                          f"`python benchmarks/sharegpt_outlets.py --output {args.run} --until capture --workers 2`")
     exports = chosen_exports(args)
+    exports["outlets"] = with_quantile_head(args, exports["outlets"])
     out = os.path.join(paths(args.run)["base"], "test-report")
     if not written(os.path.join(out, "report.json")):
         noise = [os.path.join(args.run, "regen", f"noise-seed{seed}.jsonl") for seed in NOISE_SEEDS]
         code = outlets(["eval", "--draft", exports["outlets"], "--sd-only-draft", exports["sd-only"],
                         "--lp-only-draft", exports["lp-only"], "--features", test_features,
                         "--train-features", paths(args.run)["fit"], "--target", args.target,
-                        "--censored-training", "one_sided", "--noise-samples", *noise, "--output", out,
-                        "--overwrite"])  # fmt: skip
+                        "--censored-training", "one_sided", "--noise-samples", *noise,
+                        "--quantile-levels", ",".join(map(str, QUANTILE_LEVELS)),
+                        "--calibration-features", paths(args.run)["val"], "--output", out, "--overwrite"])  # fmt: skip
         if code != 0:
             raise SystemExit(f"outlets eval exited with {code}")
     os.makedirs(os.path.join(args.report, "eval"), exist_ok=True)
@@ -318,6 +325,17 @@ def probe_point(args: argparse.Namespace, fit: str, report: str, files: int) -> 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text_atomic(path, json.dumps(point, indent=2))
     return point
+
+
+def with_quantile_head(args: argparse.Namespace, export: str) -> str:
+    """``export`` with a quantile head fitted on its frozen states over the fit split (``outlets fit-quantile-head``)."""
+    out = f"{export}-quantiles"
+    if not os.path.exists(os.path.join(out, "config.json")):
+        code = outlets(["fit-quantile-head", "--draft", export, "--features", paths(args.run)["fit"], "--target",
+                        args.target, "--levels", ",".join(map(str, QUANTILE_LEVELS)), "--output", out, "--overwrite"])
+        if code != 0:
+            raise SystemExit(f"outlets fit-quantile-head exited with {code}")
+    return out
 
 
 def draft_step(value: str) -> Tuple[str, int]:

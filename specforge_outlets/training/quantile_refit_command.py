@@ -65,7 +65,8 @@ def run(args) -> int:
     predictor = draft_predictor(args.draft, load_draft(args.draft, args.target).embed_tokens)
     rows = draft_state_rows(predictor, split, progress=not args.no_progress)
     head, info = fit_quantile_head(rows, predictor.outlets.head_widths, args.levels, args.max_epochs, args.seed)
-    info.update(draft=os.path.abspath(args.draft), features=os.path.abspath(args.features),
+    info.update(draft=os.path.basename(os.path.normpath(args.draft)),  # names, not paths: the copy may be committed
+                features=os.path.basename(os.path.normpath(args.features)),
                 censored_training=args.censored_training, requests=len(split),
                 censored_requests=sum(request.censored for request in split.requests))
     write_export(args.draft, args.output, head, args.levels, info)
