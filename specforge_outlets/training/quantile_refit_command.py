@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--draft", required=True, help="an `outlets export` directory")
     parser.add_argument("--features", required=True, help="captured training features (`outlets capture`)")
-    parser.add_argument("--target", required=True, help="the target model (the draft reads its token embedding)")
+    parser.add_argument("--target", required=True, help="the target model, a directory or a known name such as smollm2-135m (the draft reads its token embedding)")
     parser.add_argument("--output", required=True, help="new export directory: the draft's files plus the quantile head")
     parser.add_argument("--levels", type=parse_levels, default=DEFAULT_QUANTILE_LEVELS,
                         help=f"quantile levels (default {','.join(map(str, DEFAULT_QUANTILE_LEVELS))}, the scheduler's)")
@@ -52,6 +52,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from specforge_outlets.data.targets import resolve_target
     from specforge_outlets.evaluation.outlets_predictor import load_draft
     from specforge_outlets.evaluation.requests import load_split
 
@@ -62,7 +63,7 @@ def run(args) -> int:
     split = load_split(args.features, name="features")
     if args.censored_training == "one_sided":
         split = split.with_censored()
-    predictor = draft_predictor(args.draft, load_draft(args.draft, args.target).embed_tokens)
+    predictor = draft_predictor(args.draft, load_draft(args.draft, resolve_target(args.target)).embed_tokens)
     rows = draft_state_rows(predictor, split, progress=not args.no_progress)
     head, info = fit_quantile_head(rows, predictor.outlets.head_widths, args.levels, args.max_epochs, args.seed)
     info.update(draft=os.path.basename(os.path.normpath(args.draft)),  # names, not paths: the copy may be committed
