@@ -65,7 +65,7 @@ COMMITTED = ("report.json", "report.md", "predictions.jsonl.gz")  # of the test 
 # The quantile head fitted on the chosen OUTLETS draft and, for comparison, by the probes: the scheduler's
 # levels; the validation split (no draft or probe trained on it) calibrates their conformal correction.
 QUANTILE_LEVELS = DEFAULT_QUANTILE_LEVELS
-SCALING_FRACTIONS = (0.125, 0.25, 0.5)  # nested subsets of the fit split's files; the whole split is the fourth size
+SCALING_FRACTIONS = (0.125, 0.25)  # nested subsets of the fit split's files; the whole split is the third size
 SCALING_STEP = 1000  # the main OUTLETS run's point (about one epoch) whose relative budget each subset gets
 
 
