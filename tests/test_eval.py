@@ -319,6 +319,7 @@ def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
         assert all(len(v) == request["true_output_len"] for v in request["dynamic"].values())
     # censoring-aware scores over every request, recomputed from the complete predictions file
     from specforge_outlets.evaluation.censoring import CensoredRequests, c_index
+    from specforge_outlets.evaluation.metrics import log_slope
 
     censoring = report["censoring"]
     assert censoring["reference"] == "outlets" and set(censoring["paired_differences"]) == set(names) - {"outlets"}
@@ -330,7 +331,11 @@ def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
         rounded = [r["static"][name] for r in requests]  # the file keeps 0.1 token: ties may differ
         if len(set(rounded)) == len(rounded):
             assert entry["c_index"] == pytest.approx(c_index(everyone, rounded)), name
+            finished = [r for r in requests if not r["censored"]]
+            assert entry["log_slope"] == pytest.approx(log_slope([r["true_output_len"] for r in finished],
+                                                                 [r["static"][name] for r in finished]), abs=1e-3), name
             checked.append(name)
+        assert entry["long_predicted_long"] is None  # no test response reaches 800 tokens
     assert checked  # the probes predict distinct lengths here
     ceiling = report["ceiling"]
     assert ceiling["n_prompts"] == 7 and set(ceiling["predictors_on_these_rows"]) == set(names)

@@ -65,9 +65,13 @@ def censoring_section(everything: Split, predictions: Dict[str, List[Prediction]
     dynamic = {name: censoring.dynamic_error_bounds(requests, [
         p.dynamic if p.dynamic is not None else metrics.countdown(p.static, r.length)
         for p, r in zip(values, everything.requests)]) for name, values in predictions.items()}
+    finished = ~requests.censored
     return {
         "reference": reference,
-        "scores": {name: censoring.censored_scores(requests, static[name], dynamic[name], seed=seed) for name in static},
+        "scores": {name: {**censoring.censored_scores(requests, static[name], dynamic[name], seed=seed),
+                          "log_slope": metrics.log_slope(requests.lengths[finished], np.asarray(static[name])[finished]),
+                          "long_predicted_long": metrics.long_predicted_long(requests.lengths, static[name])}
+                   for name in static},
         "paired_differences": censoring.paired_differences(requests, static, dynamic, reference, seed=seed),
     }
 
@@ -156,6 +160,10 @@ def write_jsonl_gz(path: str, rows: List[Dict[str, Any]]) -> None:
 
 def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "–" if value is None or (isinstance(value, float) and not np.isfinite(value)) else f"{value:.{digits}f}"
+
+
+def _share(value: Optional[float]) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
 
 
 def _with_ci(value: float, interval) -> str:
@@ -298,15 +306,18 @@ def censoring_markdown(report: Dict[str, Any]) -> List[str]:
              "C-index: Harrell's concordance of r̂₀ with the length (a censored response is longer than every finished "
              "one at or below its bound). MAE bounds: a censored response's error is max(0, cap − r̂), the least it can "
              f"be. Said long: share of censored requests above the predictor's own {int(100 * censoring.SAYS_LONG_QUANTILE)}th "
-             "percentile (10% by chance).", "",
-             "| predictor | C-index | Spearman (cut at cap) | static MAE ≥ [95% CI] | dynamic MAE ≥ [95% CI] | censored said long |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "percentile (10% by chance). Slope: least-squares slope of log r̂₀ on log L over the finished requests (1 "
+             f"follows the lengths' spread, 0 predicts one length). Long said long: share of the requests of "
+             f"{metrics.SHARE_THRESHOLD}+ tokens, censored ones included, with r̂₀ above {metrics.LONG_MIN}.", "",
+             "| predictor | C-index | Spearman (cut at cap) | static MAE ≥ [95% CI] | dynamic MAE ≥ [95% CI] | censored said long "
+             "| slope | long said long |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in scores.items():
-        said = entry["censored_said_long"]
+        said = entry["censored_said_long"]  # reports written before the slope columns have no slope: shown as –
         lines.append(f"| {name} | {_fmt(entry['c_index'], 3)} | {_fmt(entry['spearman_censored_at_cap'], 3)} | "
                      f"{_with_ci(entry['static_mae_lower_bound'], entry['static_mae_lower_bound_ci'])} | "
                      f"{_with_ci(entry['dynamic_mae_lower_bound'], entry['dynamic_mae_lower_bound_ci'])} | "
-                     f"{'–' if said is None else f'{100 * said:.0f}%'} |")
+                     f"{_share(said)} | {_fmt(entry.get('log_slope'), 2)} | {_share(entry.get('long_predicted_long'))} |")
     columns = (("spearman", "Spearman (finished)"), ("static_mae", "static MAE (finished)"), ("c_index", "C-index"),
                ("static_mae_censored", "static MAE ≥"), ("dynamic_mae_censored", "dynamic MAE ≥"))
     lines += ["", f"### Paired differences from {section['reference']} (predictor − {section['reference']}; 95% paired "
