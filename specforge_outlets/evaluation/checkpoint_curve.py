@@ -159,9 +159,12 @@ def plot_scaling(points: Sequence[Dict[str, Any]], path: str) -> None:
               ("c_index", "C-index (censored included)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (key, title) in zip(axes, panels):
+        sizes = [p["train_files"] for p in points]
         for predictor in ("outlets", "probe-mid"):
-            ax.plot([p["train_files"] for p in points], [p[predictor][key] for p in points], marker="o", label=predictor)
+            ax.plot(sizes, [p[predictor][key] for p in points], marker="o", label=predictor)
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [str(size) for size in sizes])
+        ax.minorticks_off()
         ax.set_xlabel("training conversations (nested subsets)")
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=8)
