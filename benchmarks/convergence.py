@@ -265,6 +265,7 @@ def test(args: argparse.Namespace) -> None:
                         "--lp-only-draft", exports["lp-only"], "--features", test_features,
                         "--train-features", paths(args.run)["fit"], "--target", args.target,
                         "--censored-training", "one_sided", "--noise-samples", *noise,
+                        "--max-new-tokens", str(generation_cap(args.run)),
                         "--quantile-levels", ",".join(map(str, QUANTILE_LEVELS)),
                         "--calibration-features", paths(args.run)["val"], "--output", out, "--overwrite"])  # fmt: skip
         if code != 0:
@@ -325,6 +326,12 @@ def probe_point(args: argparse.Namespace, fit: str, report: str, files: int) -> 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text_atomic(path, json.dumps(point, indent=2))
     return point
+
+
+def generation_cap(run: str) -> int:
+    """The regeneration's ``max_new_tokens`` (the test capture reads a merged file that has no summary beside it)."""
+    with open(os.path.join(run, "regen", "test.summary.json"), encoding="utf-8") as handle:
+        return int(json.load(handle)["settings"]["max_new_tokens"])
 
 
 def with_quantile_head(args: argparse.Namespace, export: str) -> str:

@@ -183,6 +183,17 @@ def test_pia_needs_the_generation_limit(chat):
         predictor.predict(load_split(test_dir))
 
 
+def test_pia_s_unknown_generation_limit_is_named_before_anything_is_fitted(chat, tmp_path, capsys, monkeypatch):
+    from specforge_outlets.evaluation.baselines import constant
+
+    target, train_dir, test_dir = chat  # captured from JSONL without a regeneration summary: no limit known
+    fitted = []
+    monkeypatch.setattr(constant.ConstantPredictor, "fit", lambda self, train: fitted.append(self.name))
+    err = refused(capsys, tmp_path / "o", "--features", test_dir, "--train-features", train_dir, "--target", target,
+                  "--baselines", "constant,pia")
+    assert "--max-new-tokens" in err and fitted == []
+
+
 def test_lm_classifier_buckets_are_outlets_bucket_head_s():
     from specforge_outlets.evaluation.baselines import lm_classifier
     from specforge_outlets.model.length_head import bucket_index

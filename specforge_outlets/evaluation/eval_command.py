@@ -269,6 +269,8 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     predictors += [build_baseline(name, context) for name in baselines]
     if not predictors:
         raise OutletsError("nothing to evaluate: pass --draft or at least one baseline")
+    for predictor in predictors:  # a missing requirement is named before minutes of fitting
+        predictor.check(test.with_censored())
     noise = _noise_samples(args.noise_samples, test, target_path) if args.noise_samples else None
 
     from tqdm import tqdm

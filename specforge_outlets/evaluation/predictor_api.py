@@ -59,6 +59,9 @@ class Predictor:
         """The install this predictor lacks (``outlets eval`` asks before anything is fitted), else None."""
         return None
 
+    def check(self, test: Split) -> None:
+        """Raise an OutletsError for a requirement that is missing, before any predictor is fitted."""
+
     def fit(self, train: Split) -> None:
         raise NotImplementedError
 

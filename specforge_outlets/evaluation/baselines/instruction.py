@@ -78,16 +78,19 @@ class InstructionPredictor(Predictor):
         model = model.to(self.context.device).eval()
         return tokenizer, model, end_of_turn_token_id(tokenizer, model.generation_config)
 
-    @torch.no_grad()
-    def predict(self, test: Split) -> List[Prediction]:
+    def check(self, test: Split) -> None:
         test.require_messages(self.name)
-        limit = self.context.max_new_tokens
-        if limit is None:
+        if self.context.max_new_tokens is None:
             raise OutletsError(
                 "the pia baseline clips its estimates to the generation limit, which is unknown: pass "
                 "--max-new-tokens (the regeneration's), or keep the `outlets regenerate` summary "
                 "(<output>.summary.json) next to the JSONL the test manifest names"
             )
+
+    @torch.no_grad()
+    def predict(self, test: Split) -> List[Prediction]:
+        self.check(test)
+        limit = self.context.max_new_tokens
         tokenizer, model, end_id = self._load()
         prompts = [
             tokenizer.apply_chat_template(asking_messages(request), tokenize=False, add_generation_prompt=True)
