@@ -62,6 +62,10 @@ METHOD = ("outlets.length_censored=one_sided",)
 # rate; the runs named ``outlets`` and ``lp-only`` trained it at 10x).
 TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "lp-only-head-lr-1x"}
 COMMITTED = ("report.json", "report.md", "predictions.jsonl.gz")  # of the test report, into --report/eval
+# Every baseline but pia, which asks the target itself per request (training-free): 75 batches of
+# generation ran at ~87 s each beside the other runs, 1.8 hours on this CPU. Drafting is measured on the
+# validation split at every checkpoint and live on SGLang (benchmarks/eagle3_cpu.py), so --no-drafting.
+TEST_BASELINES = ("constant", "probe-mid", "probe-last", "bert", "lm-classifier", "egtp", "estp")
 # The quantile head fitted on the chosen OUTLETS draft and, for comparison, by the probes: the scheduler's
 # levels; the validation split (no draft or probe trained on it) calibrates their conformal correction.
 QUANTILE_LEVELS = DEFAULT_QUANTILE_LEVELS
@@ -264,6 +268,7 @@ def test(args: argparse.Namespace) -> None:
         code = outlets(["eval", "--draft", exports["outlets"], "--sd-only-draft", exports["sd-only"],
                         "--lp-only-draft", exports["lp-only"], "--features", test_features,
                         "--train-features", paths(args.run)["fit"], "--target", args.target,
+                        "--baselines", ",".join(TEST_BASELINES), "--no-drafting",
                         "--censored-training", "one_sided", "--noise-samples", *noise,
                         "--max-new-tokens", str(generation_cap(args.run)),
                         "--quantile-levels", ",".join(map(str, QUANTILE_LEVELS)),
