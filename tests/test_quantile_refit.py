@@ -53,7 +53,7 @@ def test_one_sided_censoring_lets_the_upper_quantile_reach_the_cap_and_dropping_
 def test_the_copy_serves_the_fitted_head_and_keeps_every_draft_weight(chat, tmp_path):  # noqa: F811
     target, train_dir, _ = chat
     source = make_export(target, tmp_path / "draft")
-    predictor = refit.draft_predictor(source, load_draft(source, target).embed_tokens)
+    predictor = OutletsLengthPredictor(source, load_draft(source, target).embed_tokens)
     rows = refit.draft_state_rows(predictor, load_split(train_dir).with_censored(), progress=False)
     head, info = refit.fit_quantile_head(rows, predictor.outlets.head_widths, LEVELS, max_epochs=5, seed=0)
     out = tmp_path / "with-quantiles"

@@ -269,13 +269,13 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     predictors += [build_baseline(name, context) for name in baselines]
     if not predictors:
         raise OutletsError("nothing to evaluate: pass --draft or at least one baseline")
+    everything = test.with_censored()  # predicted once; only the labelled requests are scored
     for predictor in predictors:  # a missing requirement is named before minutes of fitting
-        predictor.check(test.with_censored())
+        predictor.check(everything)
     noise = _noise_samples(args.noise_samples, test, target_path) if args.noise_samples else None
 
     from tqdm import tqdm
 
-    everything = test.with_censored()  # predicted once; only the labelled requests are scored
     scored = [not request.censored for request in everything.requests]
     results: Dict[str, Any] = {}
     all_predictions: Dict[str, Any] = {}

@@ -55,6 +55,7 @@ def run(args) -> int:
     from specforge_outlets.data.targets import resolve_target
     from specforge_outlets.evaluation.outlets_predictor import load_draft
     from specforge_outlets.evaluation.requests import load_split
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
 
     if os.path.abspath(args.output) == os.path.abspath(args.draft):
         raise OutletsError(f"--output {args.output} is --draft: write the copy to a new directory")
@@ -63,7 +64,7 @@ def run(args) -> int:
     split = load_split(args.features, name="features")
     if args.censored_training == "one_sided":
         split = split.with_censored()
-    predictor = draft_predictor(args.draft, load_draft(args.draft, resolve_target(args.target)).embed_tokens)
+    predictor = OutletsLengthPredictor(args.draft, load_draft(args.draft, resolve_target(args.target)).embed_tokens)
     rows = draft_state_rows(predictor, split, progress=not args.no_progress)
     head, info = fit_quantile_head(rows, predictor.outlets.head_widths, args.levels, args.max_epochs, args.seed)
     info.update(draft=os.path.basename(os.path.normpath(args.draft)),  # names, not paths: the copy may be committed
@@ -76,39 +77,25 @@ def run(args) -> int:
     return 0
 
 
-def draft_predictor(directory: str, embed_tokens: torch.nn.Module):
-    """The export's served forward (``model.plain_draft``): the states the plugin's heads read."""
-    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
-
-    return OutletsLengthPredictor(directory, embed_tokens)
-
-
 @torch.no_grad()
 def draft_state_rows(predictor, split, progress: bool = True) -> Dict[str, torch.Tensor]:
-    """The quantile head's training rows: the draft's normalised state at the probes' positions of each response.
+    """The quantile head's training rows (the probes' ``training_rows``) on the draft's normalised states.
 
-    Position ``prompt_end + t`` reads token ``t`` of the response and predicts the ``L - t`` tokens still
-    to come, the same pairing as the point head's and the probes'.
+    ``predictor`` is the export's served forward (``model.plain_draft.OutletsLengthPredictor``): the
+    states the plugin's heads read.
     """
     from tqdm import tqdm
 
     from specforge_outlets.data.labels import shift_left
-    from specforge_outlets.evaluation.baselines.probe import training_positions
+    from specforge_outlets.evaluation.baselines.probe import training_rows
 
-    xs, ys, weights, groups, censored = [], [], [], [], []
-    for _, features, members in tqdm(split.by_file(), total=len(split.files()), desc="draft states",
-                                     unit="file", disable=not progress):
-        next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
-        states = predictor.normalized_state(predictor.states(features["aux_hidden_state"][0], next_ids)).float()  # [T, H]
-        for index, request in members:
-            t = training_positions(request.length)
-            xs.append(states[request.prompt_end + t])
-            ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
-            weights.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
-            groups.append(torch.full((len(t),), index))
-            censored.append(torch.full((len(t),), request.censored))  # then L - t is a lower bound
-    return {"x": torch.cat(xs), "y": torch.cat(ys), "sample_weight": torch.cat(weights),
-            "groups": torch.cat(groups), "censored": torch.cat(censored)}
+    def states_by_file():
+        for _, features, members in tqdm(split.by_file(), total=len(split.files()), desc="draft states",
+                                         unit="file", disable=not progress):
+            next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
+            yield predictor.normalized_state(predictor.states(features["aux_hidden_state"][0], next_ids)).float(), members
+
+    return training_rows(states_by_file())
 
 
 def fit_quantile_head(rows: Dict[str, torch.Tensor], widths, levels, max_epochs: int, seed: int):

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.baselines.length_bins import NUM_BINS, LengthBins
 from specforge_outlets.evaluation.baselines.pooled_states import EntropyCache, entropy_weights, running_pool
-from specforge_outlets.evaluation.baselines.probe import training_positions
+from specforge_outlets.evaluation.baselines.probe import training_rows
 from specforge_outlets.evaluation.heads import HeadLoss, HeadSettings, fit_head
 from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
@@ -105,19 +105,10 @@ class EgtpPredictor(Predictor):
         return running_pool(depth_states(features, depth), entropy_weights(entropies))
 
     def _rows(self, split: Split, depth: str) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
-        xs, ys, ws, groups, censored = [], [], [], [], []
-        for path, features, members in tqdm(split.by_file(), total=len(split.files()), desc=f"egtp: pool ({depth})",
-                                            unit="file", disable=not self.context.progress, leave=False):
-            pooled = self._pooled(path, features, depth)
-            for index, request in members:
-                t = training_positions(request.length)
-                xs.append(pooled[request.prompt_end + t])
-                ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
-                ws.append(torch.full((len(t),), 1.0 / len(t)))
-                groups.append(torch.full((len(t),), index))
-                censored.append(torch.full((len(t),), request.censored))
-        options = {"sample_weight": torch.cat(ws), "groups": torch.cat(groups), "censored": torch.cat(censored)}
-        return torch.cat(xs), torch.cat(ys), options
+        rows = training_rows((self._pooled(path, features, depth), members) for path, features, members in tqdm(
+            split.by_file(), total=len(split.files()), desc=f"egtp: pool ({depth})", unit="file",
+            disable=not self.context.progress, leave=False))
+        return rows.pop("x"), rows.pop("y"), rows
 
     def fit(self, train: Split) -> None:
         train = self.training_split(train)

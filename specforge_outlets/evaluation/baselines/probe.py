@@ -15,7 +15,7 @@ same rows; its network is the probes' own (standardised inputs, one hidden layer
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, Iterable, List, Tuple
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from specforge_outlets.evaluation.heads import HeadSettings, Pinball, fit_head
 from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
-from specforge_outlets.evaluation.requests import Split
+from specforge_outlets.evaluation.requests import Request, Split
 
 POSITIONS_PER_REQUEST = 64  # training positions per response: t = 0 and up to 63 evenly spaced others
 SETTINGS = HeadSettings(hidden=(256,), max_epochs=60)  # 64 rows per request: fewer epochs than the prompt heads
@@ -34,6 +34,27 @@ def training_positions(length: int, limit: int = POSITIONS_PER_REQUEST) -> np.nd
     if length <= limit:
         return np.arange(length)
     return np.unique(np.linspace(0, length - 1, limit).round().astype(np.int64))
+
+
+def training_rows(states_by_file: Iterable[Tuple[torch.Tensor, List[Tuple[int, Request]]]]) -> Dict[str, torch.Tensor]:
+    """The rows a head on per-position states fits, from ``(states [T, H], [(request index, request), ...])``
+    per file: each response's states at its ``training_positions``, the target ``log(1 + L - t)`` (a lower
+    bound where the response is censored), one weight per response spread over its rows, its index as group.
+
+    Position ``prompt_end + t`` has read token ``t`` of the response and predicts the ``L - t`` still to
+    come, the pairing of OUTLETS' own head. The probes and ``outlets fit-quantile-head`` both fit on these.
+    """
+    xs, ys, weights, groups, censored = [], [], [], [], []
+    for states, members in states_by_file:
+        for index, request in members:
+            t = training_positions(request.length)
+            xs.append(states[request.prompt_end + t])
+            ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
+            weights.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
+            groups.append(torch.full((len(t),), index))
+            censored.append(torch.full((len(t),), request.censored))  # then L - t is a lower bound
+    return {"x": torch.cat(xs), "y": torch.cat(ys), "sample_weight": torch.cat(weights), "groups": torch.cat(groups),
+            "censored": torch.cat(censored)}
 
 
 class ProbePredictor(Predictor):
@@ -49,27 +70,18 @@ class ProbePredictor(Predictor):
 
     def fit(self, train: Split) -> None:
         train = self.training_split(train)
-        xs, ys, ws, groups, censored = [], [], [], [], []
-        for _, features, members in tqdm(train.by_file(), total=len(train.files()), desc=f"{self.name}: read train",
-                                         unit="file", disable=not self.context.progress, leave=False):
-            hidden = self.states(features).float()
-            for index, request in members:
-                t = training_positions(request.length)
-                xs.append(hidden[request.prompt_end + t])
-                ys.append(torch.log1p(torch.as_tensor(request.length - t, dtype=torch.float32)))
-                ws.append(torch.full((len(t),), 1.0 / len(t)))  # each response weighs the same
-                groups.append(torch.full((len(t),), index))
-                censored.append(torch.full((len(t),), request.censored))  # then length - t is a lower bound
-        rows = dict(seed=self.context.seed, groups=torch.cat(groups), sample_weight=torch.cat(ws),
-                    censored=torch.cat(censored))
-        fitted = fit_head(torch.cat(xs), torch.cat(ys), SETTINGS, **rows)
+        rows = training_rows((self.states(features).float(), members) for _, features, members in tqdm(
+            train.by_file(), total=len(train.files()), desc=f"{self.name}: read train", unit="file",
+            disable=not self.context.progress, leave=False))
+        x, y = rows.pop("x"), rows.pop("y")
+        fitted = fit_head(x, y, SETTINGS, seed=self.context.seed, **rows)
         self.model = fitted.model
-        self.info.update(layer=self.layer(train), training_positions=sum(len(x) for x in xs), **fitted.info())
+        self.info.update(layer=self.layer(train), training_positions=len(x), **fitted.info())
         self.quantile_levels = self.context.options.get("quantile_levels")
         if self.quantile_levels:
             pinball = Pinball(self.quantile_levels)
-            quantile = fit_head(torch.cat(xs), torch.cat(ys), dataclasses.replace(SETTINGS, outputs=pinball.outputs),
-                                loss=pinball, **rows)
+            quantile = fit_head(x, y, dataclasses.replace(SETTINGS, outputs=pinball.outputs), loss=pinball,
+                                seed=self.context.seed, **rows)
             self.quantile_model = quantile.model
             self.info["quantile_head"] = quantile.info()
 
