@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gzip
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ from specforge_outlets.studies.committed_data import LABEL_SET
 from specforge_outlets.scheduling.length_distribution import DEFAULT_QUANTILE_LEVELS
 from specforge_outlets.studies.label_set_drafts import DRAFTS, NOISE_SEEDS, RECIPE, VARIANTS
 from specforge_outlets.data.feature_subset import split_validation
+from specforge_outlets.evaluation.report import write_jsonl_gz
 from specforge_outlets.demo.stages import written
 from specforge_outlets.evaluation.checkpoint_curve import (FIRST_STEP, checkpoint_point, doubling_steps, length_metrics,
                                                            plot_curves, plot_scaling, stop_reason)
@@ -62,13 +64,16 @@ METHOD = ("outlets.length_censored=one_sided",)
 # rate; the runs named ``outlets`` and ``lp-only`` trained it at 10x).
 TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "lp-only-head-lr-1x"}
 # Of the test report, into --report/eval; its predictions.jsonl.gz (every position's quantiles of six
-# quantile predictors: 24 MB) stays in the run directory, over what the repository takes.
+# quantile predictors: 24 MB) stays in the run directory, over what the repository takes: the serving
+# studies get the record without the quantiles and with the re-predicting trajectories they replay.
 COMMITTED = ("report.json", "report.md", "pit.png")
-# The baselines the session's CPU allowed: pia asks the target itself per request (75 batches of
-# generation at ~87 s each beside the other runs, 1.8 hours) and egtp / estp pool every position of the
-# 2,154 fit conversations per depth (~25 minutes each); they are left out of this run, with their
-# earlier scores in eval/group-split. Drafting is measured on the validation split at every checkpoint
-# and live on SGLang (benchmarks/eagle3_cpu.py), so --no-drafting.
+RECORD = "predictions.jsonl.gz"
+RECORD_TRAJECTORIES = ("outlets", "probe-mid")  # the dynamic estimates the slim record keeps
+# The baselines of the main test run. pia asks the target itself per request (75 batches of generation
+# at ~87 s each beside the other runs, 1.8 hours) and egtp / estp pool every position of the 2,154 fit
+# conversations per depth (~25 minutes each): they run apart (``test --baselines egtp,estp``, into
+# eval-egtp-estp/), so the main report does not wait on them. Drafting is measured on the validation
+# split at every checkpoint and live on SGLang (benchmarks/eagle3_cpu.py), so --no-drafting.
 TEST_BASELINES = ("constant", "probe-mid", "probe-last", "bert", "lm-classifier")
 # The quantile head fitted on the chosen OUTLETS draft and, for comparison, by the probes: the scheduler's
 # levels; the validation split (no draft or probe trained on it) calibrates their conformal correction.
@@ -266,23 +271,38 @@ def test(args: argparse.Namespace) -> None:
                          f"`python benchmarks/sharegpt_outlets.py --output {args.run} --until capture --workers 2`")
     exports = chosen_exports(args)
     exports["outlets"] = with_quantile_head(args, exports["outlets"])
-    out = os.path.join(paths(args.run)["base"], "test-report")
+    suffix = "" if args.baselines == list(TEST_BASELINES) else "-" + "-".join(args.baselines)
+    out = os.path.join(paths(args.run)["base"], f"test-report{suffix}")
     if not written(os.path.join(out, "report.json")):
         noise = [os.path.join(args.run, "regen", f"noise-seed{seed}.jsonl") for seed in NOISE_SEEDS]
         code = outlets(["eval", "--draft", exports["outlets"], "--sd-only-draft", exports["sd-only"],
                         "--lp-only-draft", exports["lp-only"], "--features", test_features,
                         "--train-features", paths(args.run)["fit"], "--target", args.target,
-                        "--baselines", ",".join(TEST_BASELINES), "--no-drafting",
+                        "--baselines", ",".join(args.baselines), "--no-drafting",
                         "--censored-training", "one_sided", "--noise-samples", *noise,
                         "--max-new-tokens", str(generation_cap(args.run)),
                         "--quantile-levels", ",".join(map(str, QUANTILE_LEVELS)),
                         "--calibration-features", paths(args.run)["val"], "--output", out, "--overwrite"])  # fmt: skip
         if code != 0:
             raise SystemExit(f"outlets eval exited with {code}")
-    os.makedirs(os.path.join(args.report, "eval"), exist_ok=True)
+    committed = os.path.join(args.report, f"eval{suffix}")
+    os.makedirs(committed, exist_ok=True)
     for name in COMMITTED:
-        shutil.copy(os.path.join(out, name), os.path.join(args.report, "eval", name))
-    print(f"report: {os.path.join(args.report, 'eval', 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
+        shutil.copy(os.path.join(out, name), os.path.join(committed, name))
+    if not suffix:
+        write_slim_record(os.path.join(out, RECORD), os.path.join(committed, RECORD))
+    print(f"report: {os.path.join(committed, 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
+
+
+def write_slim_record(source: str, destination: str) -> None:
+    """The evaluation record as the serving studies read it: every predictor's r̂₀, the trajectories of
+    ``RECORD_TRAJECTORIES``, no quantiles (written atomically)."""
+    rows = []
+    with gzip.open(source, "rt") as handle:
+        for row in map(json.loads, handle):
+            row["dynamic"] = {name: row["dynamic"][name] for name in RECORD_TRAJECTORIES}
+            rows.append({key: value for key, value in row.items() if key not in ("quantile_levels", "quantiles")})
+    write_jsonl_gz(destination, rows)
 
 
 def scale(args: argparse.Namespace) -> None:
@@ -390,6 +410,9 @@ def main() -> int:
     tester = sub.add_parser("test")
     tester.add_argument("--step", nargs="*", type=draft_step, default=[], metavar="DRAFT=STEP",
                         help="a draft's checkpoint to score (default: its last evaluated one)")
+    tester.add_argument("--baselines", type=lambda text: text.split(","), default=list(TEST_BASELINES),
+                        help=f"outlets eval's --baselines (default: {','.join(TEST_BASELINES)}); another list "
+                             "writes test-report-<names> and --report/eval-<names>")
     parser.set_defaults(fit=None, train_files=None, until_step=None, variant=None)  # scale's subset runs set them
     args = parser.parse_args()
     if args.budget is None:  # a curve or test call without --budget keeps the runs' own

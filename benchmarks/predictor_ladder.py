@@ -29,6 +29,13 @@ Stages, each resumable (a cell's JSON is kept and skipped; delete it to run agai
 
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/predictor_ladder.py          # every stage
     .venv/bin/python benchmarks/predictor_ladder.py report plot                             # from the cells written
+
+The converged drafts' rungs (``convergence.py test``'s record; the trace draws from its prompts, so
+every run of a cell, peers too, is its own):
+
+    .venv/bin/python benchmarks/predictor_ladder.py --workloads sharegpt-smollm2 --regimes 100k \
+        --record benchmarks/data/sharegpt-smollm2/convergence/eval/predictions.jsonl.gz \
+        --output benchmarks/data/predictor-ladder-converged --figure docs/figures/predictor-ladder-converged.png
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
+from specforge_outlets.studies.committed_data import EVAL_RECORD  # noqa: E402
 from specforge_outlets.studies.label_set_samples import LEARNED, LabelSetSamples  # noqa: E402
 from specforge_outlets.atomic import write_text_atomic  # noqa: E402
 from specforge_outlets.evaluation.censoring import CensoredRequests, c_index  # noqa: E402
@@ -223,8 +231,8 @@ def complete(path: str) -> bool:
                                                          for config in CONFIGS for rung in RUNGS)
 
 
-def workloads(names: Sequence[str]) -> Dict[str, Callable[[], object]]:
-    label_set = LabelSetSamples()
+def workloads(names: Sequence[str], record: str) -> Dict[str, Callable[[], object]]:
+    label_set = LabelSetSamples(record)
     made = {LabelSetSamples.name: lambda: label_set}
     made.update({name: (lambda name: lambda: TransferredErrors(name, label_set))(name)
                  for name in ("sharegpt-chatgpt", "azure-conv")})
@@ -243,7 +251,7 @@ def simulate(args) -> None:
         if complete(path):
             continue
         if name not in made:
-            made[name] = workloads([name])[name]()
+            made[name] = workloads([name], args.record)[name]()
         print(f"[{number}/{len(cells)}] {name} {regime} {rate:g} rps seed {seed}", flush=True)
         started = time.perf_counter()
         simulate_cell(made[name], regime, rate, seed, args.requests, path)
@@ -262,7 +270,7 @@ def quality_path(output: str, workload: str) -> str:
 def quality(args) -> None:
     """Each rung's C-index (censoring-aware: a response cut at the cap is only known to be at least that long) on
     requests of the workload's knee (seed 0), as the simulator gives them; no prediction ranks nothing (0.5)."""
-    for name, make in workloads(args.workloads).items():
+    for name, make in workloads(args.workloads, args.record).items():
         path = quality_path(args.output, name)
         scores = {}
         if os.path.exists(path):
@@ -477,8 +485,8 @@ def plot(args) -> None:
         axis.set_ylabel("short P99 / best SGLang")
     axes[0][0].legend(fontsize=7, title="black: best SGLang peer; dashed: SGLang default", title_fontsize=7)
     figure.tight_layout()
-    figure.savefig(FIGURE, dpi=110)
-    print(f"wrote {FIGURE}")
+    figure.savefig(args.figure, dpi=110)
+    print(f"wrote {args.figure}")
 
 
 STAGES = {"simulate": simulate, "quality": quality, "report": report, "plot": plot}
@@ -493,6 +501,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--requests", type=int, default=6000)
     parser.add_argument("--output", default=OUTPUT)
+    parser.add_argument("--record", default=EVAL_RECORD,
+                        help="the evaluation record the learned rungs read (default: the committed label-set eval's)")
+    parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:

@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import predictor_ladder as ladder  # noqa: E402
+from specforge_outlets.studies.committed_data import read_eval_record  # noqa: E402
 from specforge_outlets.studies import kv_bound_server  # noqa: E402
 
 
@@ -27,6 +28,23 @@ def test_every_prompt_has_four_samples_and_the_ceiling_is_the_mean_of_the_others
     assert samples.censored[samples.output_lens < ladder.CAP].sum() == 0  # only a cut response is censored
     outlets = samples.values["outlets r0"].reshape(-1, 4)
     assert (outlets == outlets[:, :1]).all()  # r̂₀ reads the prompt: one value per prompt
+
+
+def test_the_converged_record_gives_its_own_rungs_on_the_same_samples(samples):
+    """``--record``: the committed converged-draft record (convergence.py test's slim copy) covers the label set's
+    prompts, keeps the re-predicting trajectories, and its learned rungs are its own values."""
+    record = os.path.join(ladder.REPO, "benchmarks", "data", "sharegpt-smollm2", "convergence", "eval",
+                          "predictions.jsonl.gz")
+    converged = ladder.LabelSetSamples(record)
+    assert len(converged.ids) >= len(samples.ids) * 0.95
+    shared = sorted(set(converged.ids) & set(samples.ids))
+    assert len(shared) > 900
+    ours, theirs = ([dict(zip(s.ids, s.values["outlets r0"]))[i] for i in shared] for s in (converged, samples))
+    assert not np.allclose(ours, theirs)  # the converged draft's r̂₀, not the 0.4-epoch one's
+    truth = ([dict(zip(s.ids, s.output_lens))[i] for i in shared] for s in (converged, samples))
+    assert next(truth) == next(truth)  # the same samples' lengths
+    row = next(iter(read_eval_record(record)))
+    assert set(row["dynamic"]) == {"outlets", "probe-mid"} and "quantiles" not in row
 
 
 def test_every_rung_predicts_every_request(samples):

@@ -153,9 +153,12 @@ def request_rows(everything: Split, predictions: Dict[str, List[Prediction]],
 
 
 def write_jsonl_gz(path: str, rows: List[Dict[str, Any]]) -> None:
-    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+    """Written to a temporary name, then renamed: a reader sees the old file or the whole new one."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
         for row in rows:
             handle.write((json.dumps(row) + "\n").encode("utf-8"))
+    os.replace(tmp, path)
 
 
 def _fmt(value: Optional[float], digits: int = 1) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from specforge_outlets.serving.trace import Trace, poisson_arrival_times
 from specforge_outlets.simulation.predicted_lengths import per_prompt_ceiling
-from specforge_outlets.studies.committed_data import LABEL_SET, read_eval_record
+from specforge_outlets.studies.committed_data import EVAL_RECORD, LABEL_SET, read_eval_record
 from specforge_outlets.studies.sharegpt_serving import REQUESTS
 
 NOISE_SAMPLES = [os.path.join(LABEL_SET, f"noise-seed{seed}.jsonl.gz") for seed in (1, 2, 3)]
@@ -33,10 +33,11 @@ class LabelSetSamples:
 
     name = "sharegpt-smollm2"
 
-    def __init__(self) -> None:
+    def __init__(self, record_path: str = EVAL_RECORD) -> None:
+        """``record_path``: the evaluation record whose r̂₀ the learned rungs take (another draft's, e.g.)."""
         with open(REQUESTS) as handle:
             input_len = {row["id"]: row["input_length"] for row in map(json.loads, handle)}
-        record = {row["id"]: row for row in read_eval_record()}
+        record = {row["id"]: row for row in read_eval_record(record_path)}
         others: Dict[str, List[Tuple[int, bool]]] = {}
         for path in NOISE_SAMPLES:
             with gzip.open(path, "rt") as handle:
