@@ -35,6 +35,7 @@ from specforge_outlets.data.targets import resolve_target
 from specforge_outlets.evaluation.metrics import spearman
 from specforge_outlets.evaluation.outlets_predictor import load_draft
 from specforge_outlets.model.inference import draft_states
+from specforge_outlets.model.target_features import captured_input
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.studies.committed_data import LABEL_SET, REPO
 from specforge_outlets.training.objective import LengthWeighting, fit_length
@@ -64,7 +65,7 @@ def load_responses(draft, directory: str, limit: int) -> List[Response]:
         if not ((features["remaining_length"] != NO_LABEL) | (features["remaining_lower_bound"] != NO_LABEL)).any():
             continue
         with torch.no_grad():
-            states = draft.normalized_state(draft_states(draft, features["input_ids"][None], features["aux_hidden_state"]))
+            states = draft.normalized_state(draft_states(draft, features["input_ids"][None], captured_input(features, draft.outlets)))
         responses.append(Response(states[0].to(torch.bfloat16), features))
     return responses
 

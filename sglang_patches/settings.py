@@ -31,7 +31,7 @@ from specforge_outlets.scheduling import (
     QueuePolicy,
     SchedulingConfig,
 )
-from specforge_outlets.model.draft_modes import min_target_layers, target_hidden_size
+from specforge_outlets.model.draft_modes import min_target_layers, target_features_refusal, target_hidden_size
 
 POLICY_NAME = "outlets"  # --schedule-policy outlets, --load-balance-method outlets
 # The architecture an `outlets export` names in its config.json (sglang_patches/eagle3_draft.py implements it).
@@ -347,6 +347,9 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
     ``specforge_outlets.model.draft_modes``' rules, which ``outlets export`` prints.
     """
     outlets = OutletsDraftConfig.from_dict(draft_config["outlets_config"])
+    refusal = target_features_refusal(outlets)
+    if refusal is not None:
+        raise OutletsSettingsError(f"--outlets-draft-path {draft_path}: {refusal}")
     fusion = outlets.fusion_layers
     try:
         validate_fusion_layers(list(fusion), int(num_layers))

@@ -66,7 +66,7 @@ def test_cpu_recipe_trains_the_head_with_the_defaults_and_the_old_setup_stays_re
 
 def test_the_label_set_drafts_and_variants_change_the_setting_they_name(monkeypatch, tmp_path):
     import specforge_outlets.data.targets as targets
-    from specforge_outlets.model.draft_config import HeadInput
+    from specforge_outlets.model.draft_config import HeadInput, TargetFeatures
     from specforge_outlets.studies.label_set_drafts import DRAFTS, RECIPE, VARIANTS
 
     monkeypatch.setattr(targets, "ensure_smollm2", lambda: tmp_path)
@@ -78,3 +78,4 @@ def test_the_label_set_drafts_and_variants_change_the_setting_they_name(monkeypa
     assert (loaded["head-lr-1x"].settings.length_head_lr_scale, loaded["head-lr-10x"].settings.length_head_lr_scale) == (1, 10)
     assert base.settings.gated_attention and not loaded["plain-attention"].settings.gated_attention
     assert loaded["head-on-fused"].settings.head_input == HeadInput.FUSED != base.settings.head_input
+    assert loaded["last-layer"].settings.target_features == TargetFeatures.LAST_LAYER != base.settings.target_features

@@ -666,6 +666,7 @@ def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):
     ("speculative", "cannot be combined with --speculative-algorithm"),
     ("too-deep", "do not fit the 6-layer target"),
     ("last-layer", "which SGLang does not capture"),
+    ("last-layer-ablation", "target_features='last_layer' is the training ablation"),
     ("wrong-width", "expects target hidden size 64"),
 ])
 def test_predictor_only_refusals(plugins_loaded, tmp_path, capsys, case, message):
@@ -673,7 +674,8 @@ def test_predictor_only_refusals(plugins_loaded, tmp_path, capsys, case, message
 
     target = write_target(tmp_path / "target")
     fusion = {"too-deep": (2, 3, 9), "last-layer": (2, 3, 6)}.get(case, (2, 3, 4))
-    export = write_export(tmp_path / "export", fusion=fusion, hidden=64 if case == "wrong-width" else 32)
+    export = write_export(tmp_path / "export", fusion=fusion, hidden=64 if case == "wrong-width" else 32,
+                          target_features="last_layer" if case == "last-layer-ablation" else "fused")
     argv = ["--model-path", target, "--outlets-draft-path", export]
     if case != "no-radix-flag":
         argv.append("--disable-radix-cache")

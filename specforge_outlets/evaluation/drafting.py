@@ -52,6 +52,7 @@ def drafting_metrics(draft, target_head, files: List[str], *, ttt_length: int = 
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
     from specforge_outlets.data.features import load_features
+    from specforge_outlets.model.target_features import draft_input
     from specforge_outlets.training.algorithm import normalize_offline_sample
     from specforge_outlets.training.cpu_loss import install_cpu_loss
 
@@ -69,7 +70,7 @@ def drafting_metrics(draft, target_head, files: List[str], *, ttt_length: int = 
             attention_mask=sample["attention_mask"],
             loss_mask=loss_mask,
             target=target,
-            hidden_states=sample["hidden_state"],
+            hidden_states=draft_input(sample["hidden_state"], sample["target"], draft.outlets.target_features),
         )
         for step in range(ttt_length):
             d = float(denoms[step])

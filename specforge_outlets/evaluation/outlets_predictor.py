@@ -70,6 +70,7 @@ class OutletsPredictor(Predictor):
         from specforge_outlets.data.labels import shift_left
         from specforge_outlets.model.length_head import log_remaining_to_tokens
         from specforge_outlets.model.plain_draft import OutletsLengthPredictor
+        from specforge_outlets.model.target_features import captured_input
 
         check_features_match_draft(self.draft, self.draft_dir, test)
         # The forward predictor-only serving runs (on the export, with the target's embedding), so that
@@ -81,7 +82,7 @@ class OutletsPredictor(Predictor):
         for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
                                          unit="file", disable=not self.context.progress, leave=False):
             next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
-            states = served.states(features["aux_hidden_state"][0], next_ids)
+            states = served.states(captured_input(features, served.outlets)[0], next_ids)
             remaining = log_remaining_to_tokens(served.log_remaining(states)).double()
             quantiles = (None if served.quantile_head is None
                          else log_remaining_to_tokens(served.log_remaining_quantiles(states)).double())  # [T, K]

@@ -18,6 +18,13 @@ class HeadInput(StrEnum):
     FUSED = "fused"  # the fused target features, no draft decoder (ablation)
 
 
+class TargetFeatures(StrEnum):
+    """Which target features the draft reads (``model/target_features.py``)."""
+
+    FUSED = "fused"  # three depths, EAGLE-3's fusion (the method)
+    LAST_LAYER = "last_layer"  # the last layer alone, as EAGLE-1/2 drafted (ablation)
+
+
 class QuantileMode(StrEnum):
     """How the quantile head trains."""
 
@@ -34,9 +41,11 @@ class OutletsDraftConfig:
     bucket_edges: Optional[Tuple[int, ...]]  # None: regression on log(1 + r); else bucket classes
     quantile_levels: Optional[Tuple[float, ...]] = None  # None: no quantile head (model/quantile_head.py)
     quantile_mode: QuantileMode = QuantileMode.JOINT
+    target_features: TargetFeatures = TargetFeatures.FUSED
 
     def __post_init__(self) -> None:  # a value read from JSON becomes its enum member; ValueError if it is none
         object.__setattr__(self, "head_input", HeadInput(self.head_input))
+        object.__setattr__(self, "target_features", TargetFeatures(self.target_features))
         object.__setattr__(self, "quantile_mode", QuantileMode(self.quantile_mode))
 
     @classmethod
@@ -50,6 +59,7 @@ class OutletsDraftConfig:
             bucket_edges=tuple(edges) if edges is not None else None,
             quantile_levels=tuple(float(level) for level in levels) if levels is not None else None,
             quantile_mode=raw.get("quantile_mode", QuantileMode.JOINT),
+            target_features=raw.get("target_features", TargetFeatures.FUSED),
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig
+from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig, TargetFeatures
 
 EAGLE3 = "EAGLE-3"
 PREDICTOR_ONLY = "predictor-only"
@@ -25,8 +25,19 @@ PREDICTOR_ONLY = "predictor-only"
 LLAMA_TARGET = "a Llama-family target (SGLang LlamaModel)"
 
 
+def target_features_refusal(outlets: OutletsDraftConfig) -> Optional[str]:
+    """Why no mode can feed this draft (both capture the fused depths), or None where they can."""
+    if outlets.target_features is TargetFeatures.FUSED:
+        return None
+    return (f"outlets_config.target_features={outlets.target_features.value!r} is the training ablation: SGLang's "
+            "capture gives the draft the fused depths, not the last layer; serve a draft trained on the fused "
+            "features (target_features: fused)")
+
+
 def eagle3_refusal(outlets: OutletsDraftConfig) -> Optional[str]:
     """Why EAGLE-3 mode cannot read this draft's length head, or None where it can."""
+    if outlets.target_features is not TargetFeatures.FUSED:
+        return target_features_refusal(outlets)
     if outlets.head_input is HeadInput.DRAFT:
         return None
     return (f"outlets_config.head_input={outlets.head_input.value!r}: EAGLE-3 mode reads the length head on the draft "
@@ -73,7 +84,8 @@ def serving_modes(draft_dir: str, config: dict) -> List[ServingMode]:
                     None, eagle3_refusal(outlets)),
         ServingMode(PREDICTOR_ONLY, ("--schedule-policy", "outlets", "--outlets-draft-path", draft_dir,
                                      "--disable-radix-cache"),
-                    f"{LLAMA_TARGET} with at least {min_target_layers(outlets)} layers{width}", None),
+                    f"{LLAMA_TARGET} with at least {min_target_layers(outlets)} layers{width}",
+                    target_features_refusal(outlets)),
     ]
 
 

@@ -15,7 +15,8 @@ from specforge_outlets.model.draft_config import HeadInput
 
 @torch.no_grad()
 def draft_states(draft, input_ids: torch.Tensor, aux_hidden_state: torch.Tensor) -> torch.Tensor:
-    """[B, T] ids and [B, T, 3H_target] fused features -> [B, T, H] states the length head reads."""
+    """[B, T] ids and [B, T, 3H_target] draft input (``target_features.draft_input``) -> [B, T, H] states the
+    length head reads."""
     fused = draft.project_hidden_states(aux_hidden_state.to(draft.fc.weight.dtype))  # [B, T, H]
     if draft.outlets.head_input is HeadInput.FUSED:
         return fused
@@ -51,7 +52,9 @@ def labelled_predictions(draft, features: dict) -> tuple[torch.Tensor, torch.Ten
     from specforge_outlets.data.labels import NO_LABEL
     from specforge_outlets.model.length_head import log_remaining_to_tokens
 
-    z = predict_log_remaining(draft, features["input_ids"][None], features["aux_hidden_state"])[0]
+    from specforge_outlets.model.target_features import captured_input
+
+    z = predict_log_remaining(draft, features["input_ids"][None], captured_input(features, draft.outlets))[0]
     labels = shift_left(features["remaining_length"][None], 1)[0]
     labelled = labels != NO_LABEL
     return log_remaining_to_tokens(z[labelled]), labels[labelled]

@@ -25,7 +25,8 @@ DRAFTS = {"outlets": (), "sd-only": ("outlets.length_loss_weight=0", "outlets.le
 # rate, 1e-3 (the recipe's since; the runs named ``outlets`` and ``lp-only`` in curves.json trained
 # before, at 10x); head-lr-10x: the earlier rate again. The paper's ablations: plain-attention (EAGLE-3's
 # attention without the gate), head-on-fused (the length head on the fused target features, not on
-# the draft decoder's state).
+# the draft decoder's state), last-layer (the draft reads the target's last layer, not the three fused depths).
 VARIANTS = {"float32": ("model.torch_dtype=float32",), "head-lr-1x": ("outlets.length_head_lr_scale=1",),
             "head-lr-10x": ("outlets.length_head_lr_scale=10",),
-            "plain-attention": ("outlets.gated_attention=false",), "head-on-fused": ("outlets.head_input=fused",)}
+            "plain-attention": ("outlets.gated_attention=false",), "head-on-fused": ("outlets.head_input=fused",),
+            "last-layer": ("outlets.target_features=last_layer",)}

@@ -88,12 +88,14 @@ def draft_state_rows(predictor, split, progress: bool = True) -> Dict[str, torch
 
     from specforge_outlets.data.labels import shift_left
     from specforge_outlets.evaluation.baselines.probe import training_rows
+    from specforge_outlets.model.target_features import captured_input
 
     def states_by_file():
         for _, features, members in tqdm(split.by_file(), total=len(split.files()), desc="draft states",
                                          unit="file", disable=not progress):
             next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
-            yield predictor.normalized_state(predictor.states(features["aux_hidden_state"][0], next_ids)).float(), members
+            states = predictor.states(captured_input(features, predictor.outlets)[0], next_ids)
+            yield predictor.normalized_state(states).float(), members
 
     return training_rows(states_by_file())
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig, QuantileMode
+from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig, QuantileMode, TargetFeatures
 from specforge_outlets.model.quantile_head import check_levels
 from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
 
@@ -40,6 +40,7 @@ class OutletsSettings:
     sd_loss_weight: float = 1.0  # 0 is the LP-only ablation (no drafting loss)
     gated_attention: bool = True  # false: plain EAGLE-3 attention (ablation)
     head_input: HeadInput = HeadInput.DRAFT
+    target_features: TargetFeatures = TargetFeatures.FUSED  # last_layer: the draft reads the last layer alone (ablation)
     head_type: str = "regression"  # "buckets": classification over length buckets (ablation)
     head_widths: Optional[Tuple[int, ...]] = None  # None: (H, H/2, H/4)
     bucket_edges: Tuple[int, ...] = DEFAULT_BUCKET_EDGES
@@ -67,7 +68,8 @@ class OutletsSettings:
                 raise OutletsError(f"outlets.{name} must be >= 0, got {getattr(self, name)}")
         if self.length_loss_weight == 0 and self.sd_loss_weight == 0:
             raise OutletsError("outlets.length_loss_weight and outlets.sd_loss_weight are both 0: nothing to train")
-        for name, kind in (("head_input", HeadInput), ("quantile_mode", QuantileMode)):
+        for name, kind in (("head_input", HeadInput), ("quantile_mode", QuantileMode),
+                           ("target_features", TargetFeatures)):
             try:
                 object.__setattr__(self, name, kind(getattr(self, name)))
             except ValueError:
@@ -141,6 +143,7 @@ class OutletsSettings:
             bucket_edges=tuple(self.bucket_edges) if self.head_type == "buckets" else None,
             quantile_levels=self.quantile_levels,
             quantile_mode=self.quantile_mode,
+            target_features=self.target_features,
         )
 
     def objective_options(self) -> Dict[str, Any]:

@@ -23,8 +23,9 @@ class LabelledCall:
     """Stands in for the wrapped model during one EAGLE-3 step."""
 
     def __init__(self, model: torch.nn.Module, remaining_length: torch.Tensor,
-                 remaining_lower_bound: Optional[torch.Tensor], drafting: bool):
+                 remaining_lower_bound: Optional[torch.Tensor], drafting: bool, last_hidden_state: torch.Tensor):
         self.model = model
+        self.last_hidden_state = last_hidden_state
         self.remaining_length = remaining_length
         self.remaining_lower_bound = remaining_lower_bound
         self.drafting = drafting
@@ -36,7 +37,7 @@ class LabelledCall:
     def __call__(self, **eagle3_inputs):
         *eagle3_outputs, self.length_outputs = self.model(
             remaining_length=self.remaining_length, remaining_lower_bound=self.remaining_lower_bound,
-            drafting=self.drafting, **eagle3_inputs
+            drafting=self.drafting, last_hidden_state=self.last_hidden_state, **eagle3_inputs
         )
         return tuple(eagle3_outputs)
 
@@ -75,7 +76,7 @@ class OutletsTrainStrategy(Eagle3TrainStrategy):
     def forward_loss(self, batch, ctx: Optional[StepContext] = None) -> StepOutput:
         model = self.eagle3_model
         call = LabelledCall(model, batch.tensors[LENGTH_KEY], batch.tensors.get(LOWER_BOUND_KEY),
-                            drafting=self.sd_loss_weight > 0)
+                            drafting=self.sd_loss_weight > 0, last_hidden_state=batch.tensors["target"])
         self.eagle3_model = call
         try:
             drafting = super().forward_loss(batch, ctx)

@@ -16,7 +16,8 @@ import torch
 from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
 from specforge_outlets.data.labels import NO_LABEL, shift_left
-from specforge_outlets.model.draft_config import HeadInput
+from specforge_outlets.model.draft_config import HeadInput, TargetFeatures
+from specforge_outlets.model.target_features import draft_input
 from specforge_outlets.training.loss_rows import drafting_loss_at_rows
 from specforge_outlets.training.objective import l2_penalty
 
@@ -32,7 +33,7 @@ class LengthOutputs:
 
 class OutletsEagle3Model(OnlineEagle3Model):
     def forward(self, *, remaining_length: torch.Tensor, remaining_lower_bound: Optional[torch.Tensor] = None,
-                drafting: bool = True, **eagle3_inputs):
+                drafting: bool = True, last_hidden_state: Optional[torch.Tensor] = None, **eagle3_inputs):
         """SpecForge's seven EAGLE-3 outputs, then :class:`LengthOutputs`.
 
         ``drafting=False`` (LP-only: the drafting loss weighs 0) gives the drafting loss no row to
@@ -41,9 +42,15 @@ class OutletsEagle3Model(OnlineEagle3Model):
         ``remaining_length`` and ``remaining_lower_bound`` [B, T] are aligned with the stored
         ``input_ids``; the state at
         position j of TTT step k has seen token j + 1 + k, so its label is shifted by 1 + k
-        (SpecForge's one-position target shift plus one per step).
+        (SpecForge's one-position target shift plus one per step). ``last_hidden_state`` [B, T, H], the
+        target's last layer at the same positions, is what a ``target_features: last_layer`` draft reads.
         """
         draft = self.draft_model
+        if draft.outlets.target_features is not TargetFeatures.FUSED:
+            assert last_hidden_state is not None, "a last_layer draft needs the batch's last hidden state"
+            hidden = eagle3_inputs["hidden_states"]
+            eagle3_inputs["hidden_states"] = draft_input(hidden, last_hidden_state.to(hidden.device),
+                                                         draft.outlets.target_features)
         source = draft.midlayer if draft.outlets.head_input is HeadInput.DRAFT else draft.fc
         states: List[torch.Tensor] = []
         handle = source.register_forward_hook(lambda _module, _inputs, output: states.append(output))

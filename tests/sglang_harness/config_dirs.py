@@ -3,11 +3,13 @@
 import json
 
 
-def write_export(directory, fusion=(2, 3, 4), hidden=32, levels=None) -> str:
-    """An ``outlets export`` directory: its fusion layers, hidden size and, if given, quantile levels; empty weights."""
+def write_export(directory, fusion=(2, 3, 4), hidden=32, levels=None, target_features="fused") -> str:
+    """An ``outlets export`` directory: its fusion layers, hidden size, target features and, if given, quantile
+    levels; empty weights."""
     directory.mkdir()
     outlets = {"fusion_layers": list(fusion), "head_input": "draft", "gated_attention": True,
-               "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None}
+               "head_widths": [hidden, hidden // 2, hidden // 4], "bucket_edges": None,
+               "target_features": target_features}
     if levels is not None:
         outlets["quantile_levels"] = list(levels)
     (directory / "config.json").write_text(json.dumps({
