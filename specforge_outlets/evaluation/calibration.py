@@ -9,12 +9,18 @@ request whose bound already exceeds a quantile is known to be above it; one whos
 is undetermined. Coverage is therefore a point among the determined requests with the interval
 the undetermined ones leave (all above / all below).
 
+What a scheduler meets is the *served* length: the server stops a request at its max_new_tokens
+and the scheduler reads a quantile clipped there (``scheduling/kv_admission.py``), so a response
+cut at the label set's cap ran exactly to it, and is covered by a quantile at or past that bound.
+Served coverage counts every request that way; it is the scheduler's figure while the serving cap
+is the label set's generation cap (a larger cap lets those requests run longer).
+
 The split-conformal correction (Romano et al., conformalized quantile regression, one-sided per
 level) shifts each quantile in z = log(1 + r) by the ceil((n + 1) tau)-th smallest calibration
-score z_true - z_tau, a censored request counting as above every quantile (its score +inf), which
-is exact while the corrected quantile stays below its bound. Estimated on responses neither the
-draft nor the probes trained on (``--calibration-features``), separately for the static
-prediction and for the dynamic ones (pooled over ``DECODING_FRACTIONS``), and applied to the test split.
+score z_true - z_tau, the score of a censored request taken at its bound: it calibrates the served
+length, where every score is known. Estimated on responses neither the draft nor the probes
+trained on (``--calibration-features``), separately for the static prediction and for the dynamic
+ones (pooled over ``DECODING_FRACTIONS``), and applied to the test split.
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ def coverage(obs: Observations, levels: Sequence[float]) -> List[Dict[str, Any]]
         rows.append({"level": level, "coverage": float(below.sum() / determined) if determined else float("nan"),
                      "lower": float(below.sum() / len(q)) if len(q) else float("nan"),
                      "upper": float((below.sum() + undetermined) / len(q)) if len(q) else float("nan"),
+                     # the served length: a censored request ran to its bound, so q at or past it covers it
+                     "served": float((obs.remaining <= q).mean()) if len(q) else float("nan"),
                      "n": len(q), "undetermined": undetermined})
     return rows
 
@@ -100,29 +108,15 @@ def pit_histogram(obs: Observations, levels: Sequence[float]) -> Dict[str, List[
 
 
 def conformal_shifts(obs: Observations, levels: Sequence[float]) -> List[float]:
-    """Per level, the shift in z = log(1 + r) that makes the calibration coverage at least tau.
-
-    Where the rank falls on a censored response (or past the last one) no finite shift reaches
-    tau on the calibration split; the largest finite score is taken and :func:`short_levels`
-    names the level, so the report says the correction is a lower bound there.
-    """
-    z_true = np.where(obs.censored, np.inf, np.log1p(obs.remaining))
+    """Per level, the shift in z = log(1 + r) that makes the calibration's served coverage at least tau (a
+    rank past the last score, at fewer than 1 / (1 - tau) - 1 requests, takes the largest)."""
+    z_true = np.log1p(obs.remaining)  # a censored request's served length is its bound
     shifts = []
     for k, level in enumerate(levels):
         scores = np.sort(z_true - np.log1p(obs.quantiles[:, k]))
-        rank = math.ceil((len(scores) + 1) * level)  # 1-based
-        finite = scores[np.isfinite(scores)]
-        if not len(finite):
-            raise ValueError("every calibration request is censored: no conformal correction can be estimated")
-        shifts.append(float(scores[rank - 1]) if rank <= len(scores) and np.isfinite(scores[rank - 1])
-                      else float(finite[-1]))
+        rank = min(math.ceil((len(scores) + 1) * level), len(scores))  # 1-based
+        shifts.append(float(scores[rank - 1]))
     return shifts
-
-
-def short_levels(obs: Observations, levels: Sequence[float]) -> List[float]:
-    """The levels whose conformal shift could not reach tau (the rank lands on a censored response)."""
-    finite = int((~obs.censored).sum())
-    return [level for level in levels if math.ceil((len(obs.remaining) + 1) * level) > finite]
 
 
 def shifted(prediction: Prediction, static_shifts: Sequence[float], dynamic_shifts: Sequence[float]) -> Prediction:
@@ -151,5 +145,4 @@ def calibrate(calibration_requests: Sequence[Request], calibration_predictions: 
     """Static and dynamic conformal shifts from the calibration split's predictions."""
     points = calibration_points(calibration_requests, calibration_predictions)
     dynamic = pooled([obs for name, obs in points.items() if name != "static"])
-    return {"static": conformal_shifts(points["static"], levels), "dynamic": conformal_shifts(dynamic, levels),
-            "under_corrected": {"static": short_levels(points["static"], levels), "dynamic": short_levels(dynamic, levels)}}
+    return {"static": conformal_shifts(points["static"], levels), "dynamic": conformal_shifts(dynamic, levels)}

@@ -270,9 +270,11 @@ def quantile_markdown(report: Dict[str, Any]) -> List[str]:
         return []
     lines = ["", "## Predicted length quantiles: coverage and PIT", "",
              "Coverage: share of requests whose remaining length is at or below the quantile (a calibrated q_tau "
-             "covers tau), among the requests it is known for, with the interval the censored ones leave. Static: "
-             "before the first token; at_25/50/75: after that share of the response. Conformal: shifted in "
-             "log(1 + r) on the calibration responses (`evaluation/calibration.py`).", ""]
+             "covers tau), among the requests it is known for, with the interval the censored ones leave; served: "
+             "among every request, a censored one covered by a quantile at or past its cap (the length the server "
+             "runs, the quantile the scheduler reads clipped at max_new_tokens). Static: before the first token; "
+             "at_25/50/75: after that share of the response. Conformal: shifted in log(1 + r) on the calibration "
+             "responses to their served lengths (`evaluation/calibration.py`).", ""]
     for name, entry in section.items():
         levels = entry["levels"]
         lines += [f"### {name}" + (f" (calibration: {entry['calibration_requests']} requests)" if "shifts" in entry else ""),
@@ -282,17 +284,13 @@ def quantile_markdown(report: Dict[str, Any]) -> List[str]:
         for variant in ("raw", "conformal"):
             for point, scores in entry.get(variant, {}).items():
                 cells = [f"{_fmt(100 * c['coverage'])}% [{_fmt(100 * c['lower'], 0)}, {_fmt(100 * c['upper'], 0)}]"
+                         + (f", served {_fmt(100 * c['served'])}%" if "served" in c else "")
                          for c in scores["coverage"]]
                 pit = ", ".join(f"{100 * v:.0f}" for v in scores["pit"]["observed"])
                 lines.append(f"| {point} | {variant} | " + " | ".join(cells) + f" | {pit} |")
         if "shifts" in entry:
             lines += ["", "Conformal shifts in log(1 + r): static " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["static"])
                       + "; dynamic " + ", ".join(f"{v:+.3f}" for v in entry["shifts"]["dynamic"]) + "."]
-            short = {point: levels_ for point, levels_ in entry["shifts"].get("under_corrected", {}).items() if levels_}
-            if short:
-                lines.append("Under-corrected (the rank falls on censored calibration responses: the shift is a lower "
-                             "bound): " + "; ".join(f"{point} q{', q'.join(str(round(100 * l)) for l in levels_)}"
-                                                   for point, levels_ in short.items()) + ".")
         lines.append("")
     return lines
 
