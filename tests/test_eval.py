@@ -346,7 +346,7 @@ def test_eval_writes_the_report(chat, draft, other_draft, tmp_path, capsys):
             assert entry["log_slope"] == pytest.approx(log_slope([r["true_output_len"] for r in finished],
                                                                  [r["static"][name] for r in finished]), abs=1e-3), name
             checked.append(name)
-        assert entry["long_predicted_long"] is None  # no test response reaches 800 tokens
+        assert entry["long_predicted_long"] is None and entry["long_auc"] is None  # no test response reaches 800 tokens
     assert checked  # the probes predict distinct lengths here
     ceiling = report["ceiling"]
     assert ceiling["n_prompts"] == 7 and set(ceiling["predictors_on_these_rows"]) == set(names)

@@ -119,6 +119,16 @@ def test_log_slope_and_long_predicted_long_by_hand():
     assert metrics.long_predicted_long([100, 200], [900, 900]) is None
 
 
+def test_long_auc_by_hand():
+    # long: 800, 2048 (censored, at the cap), 900; short: 100, 300. Pairs (long, short) with the long one's
+    # r̂ larger: 600 > 500 and 100, 700 > both, 400 > 100 only: 5 of 6. Then a tie (500 / 500) counts half
+    assert metrics.long_auc([800, 2048, 900, 100, 300], [600, 400, 700, 500, 100]) == pytest.approx(5 / 6)
+    assert metrics.long_auc([800, 100, 900, 300], [500, 500, 700, 100]) == pytest.approx((1.5 + 2) / 4)
+    assert metrics.long_auc([900, 1000], [1, 2]) is None and metrics.long_auc([9, 10], [1, 2]) is None
+    lengths = np.random.default_rng(0).integers(1, 2000, 200)
+    assert metrics.long_auc(lengths, lengths) == 1.0 and metrics.long_auc(lengths, -lengths) == 0.0
+
+
 def test_noise_floor_by_hand():
     # prompt a: samples 10, 20, 60 -> medians of the others 40, 35, 15 -> errors 30, 15, 45 -> 30
     # prompt b: samples 5, 7 -> errors 2, 2 -> 2; prompt c has one sample: left out

@@ -137,6 +137,24 @@ def long_predicted_long(true_lengths: Sequence[float], predicted: Sequence[float
     return float((pred[long] > predicted_min).mean()) if long.any() else None
 
 
+def long_auc(true_lengths: Sequence[float], predicted: Sequence[float], *,
+             threshold: float = SHARE_THRESHOLD) -> Optional[float]:
+    """The chance that a request of ``threshold``+ tokens gets a larger r_hat_0 than a shorter one (ties: half;
+    None without both kinds): how well a rule "long if r_hat_0 > x" can separate them at its best threshold
+    region, whatever the predictor's scale. Censored responses (at least the cap) count as long."""
+    true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
+    assert true.shape == pred.shape, (true.shape, pred.shape)
+    long = true >= threshold
+    if long.all() or not long.any():
+        return None
+    ranks = np.argsort(np.argsort(pred, kind="stable"), kind="stable").astype(np.float64)
+    for value in np.unique(pred):  # tied predictions share their mean rank
+        tied = pred == value
+        ranks[tied] = ranks[tied].mean()
+    n_long, n_short = int(long.sum()), int((~long).sum())
+    return float((ranks[long].sum() - n_long * (n_long - 1) / 2) / (n_long * n_short))
+
+
 def noise_floor_errors(samples: Mapping[str, Sequence[float]]) -> Dict[str, float]:
     """Per prompt: the mean over its samples of ``|L_s - median(other samples)|``.
 

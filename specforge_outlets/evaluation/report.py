@@ -70,7 +70,8 @@ def censoring_section(everything: Split, predictions: Dict[str, List[Prediction]
         "reference": reference,
         "scores": {name: {**censoring.censored_scores(requests, static[name], dynamic[name], seed=seed),
                           "log_slope": metrics.log_slope(requests.lengths[finished], np.asarray(static[name])[finished]),
-                          "long_predicted_long": metrics.long_predicted_long(requests.lengths, static[name])}
+                          "long_predicted_long": metrics.long_predicted_long(requests.lengths, static[name]),
+                          "long_auc": metrics.long_auc(requests.lengths, static[name])}
                    for name in static},
         "paired_differences": censoring.paired_differences(requests, static, dynamic, reference, seed=seed),
     }
@@ -87,7 +88,8 @@ def ceiling_section(samples: NoiseSamples, test: Split, predictions: Dict[str, L
     same_rows = {}
     for name, values in predictions.items():
         static = [values[first_turns[row_id]].static for row_id in rows]
-        same_rows[name] = {"static_mae": metrics.static_mae(lengths, static), "spearman": metrics.spearman(static, lengths)}
+        same_rows[name] = {"static_mae": metrics.static_mae(lengths, static), "spearman": metrics.spearman(static, lengths),
+                           "long_auc": metrics.long_auc(lengths, static)}
     return {**ceiling.ranking_ceiling(samples.lengths, rows, seed=seed),
             "prompts_with_4_samples": sum(1 for count in samples.drawn.values() if count >= 4),
             "predictors_on_these_rows": same_rows}
@@ -309,16 +311,18 @@ def censoring_markdown(report: Dict[str, Any]) -> List[str]:
              f"be. Said long: share of censored requests above the predictor's own {int(100 * censoring.SAYS_LONG_QUANTILE)}th "
              "percentile (10% by chance). Slope: least-squares slope of log r̂₀ on log L over the finished requests (1 "
              f"follows the lengths' spread, 0 predicts one length). Long said long: share of the requests of "
-             f"{metrics.SHARE_THRESHOLD}+ tokens, censored ones included, with r̂₀ above {metrics.LONG_MIN}.", "",
+             f"{metrics.SHARE_THRESHOLD}+ tokens, censored ones included, with r̂₀ above {metrics.LONG_MIN}. Long AUC: the "
+             f"chance a {metrics.SHARE_THRESHOLD}+ request's r̂₀ exceeds a shorter one's (0.5: no separation).", "",
              "| predictor | C-index | Spearman (cut at cap) | static MAE ≥ [95% CI] | dynamic MAE ≥ [95% CI] | censored said long "
-             "| slope | long said long |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| slope | long said long | long AUC |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in scores.items():
         said = entry["censored_said_long"]  # reports written before the slope columns have no slope: shown as –
         lines.append(f"| {name} | {_fmt(entry['c_index'], 3)} | {_fmt(entry['spearman_censored_at_cap'], 3)} | "
                      f"{_with_ci(entry['static_mae_lower_bound'], entry['static_mae_lower_bound_ci'])} | "
                      f"{_with_ci(entry['dynamic_mae_lower_bound'], entry['dynamic_mae_lower_bound_ci'])} | "
-                     f"{_share(said)} | {_fmt(entry.get('log_slope'), 2)} | {_share(entry.get('long_predicted_long'))} |")
+                     f"{_share(said)} | {_fmt(entry.get('log_slope'), 2)} | {_share(entry.get('long_predicted_long'))} | "
+                     f"{_fmt(entry.get('long_auc'), 3)} |")
     columns = (("spearman", "Spearman (finished)"), ("static_mae", "static MAE (finished)"), ("c_index", "C-index"),
                ("static_mae_censored", "static MAE ≥"), ("dynamic_mae_censored", "dynamic MAE ≥"))
     lines += ["", f"### Paired differences from {section['reference']} (predictor − {section['reference']}; 95% paired "
@@ -337,11 +341,13 @@ def censoring_markdown(report: Dict[str, Any]) -> List[str]:
                   f"(reliability {floor['other_samples_reliability']:.3f}) {_fmt(floor['spearman_corrected'], 3)}, from the "
                   f"ICC alone {_fmt(floor['spearman_from_icc'], 3)}. Floor: the scored sample against the median of its "
                   f"prompt's others, static MAE {_with_ci(floor['floor_static_mae'], floor['floor_static_mae_ci'])}.", "",
-                  "| predictor | Spearman on these rows | static MAE on these rows |", "|---|---:|---:|"]
+                  "| predictor | Spearman on these rows | static MAE on these rows | long AUC on these rows |",
+                  "|---|---:|---:|---:|"]
         for name, entry in floor["predictors_on_these_rows"].items():
-            lines.append(f"| {name} | {_fmt(entry['spearman'], 3)} | {_fmt(entry['static_mae'])} |")
-        lines.append(f"| ceiling (corrected) / floor | {_fmt(floor['spearman_corrected'], 3)} | "
-                     f"{_fmt(floor['floor_static_mae'])} |")
+            lines.append(f"| {name} | {_fmt(entry['spearman'], 3)} | {_fmt(entry['static_mae'])} | "
+                         f"{_fmt(entry.get('long_auc'), 3)} |")
+        lines.append(f"| ceiling (corrected) / floor / the others' mean | {_fmt(floor['spearman_corrected'], 3)} | "
+                     f"{_fmt(floor['floor_static_mae'])} | {_fmt(floor.get('long_auc'), 3)} |")
     return lines
 
 
