@@ -33,7 +33,7 @@ def test_coverage_counts_censored_requests_only_where_they_are_known():
     q90 = calib.coverage(obs, LEVELS)[2]
     # finished 50 and 150 are under q90 = 200; censored at 300 is known above; censored at 100 is unknown
     assert (q90["undetermined"], q90["coverage"], q90["lower"], q90["upper"]) == (1, 2 / 3, 0.5, 0.75)
-    assert q90["served"] == 0.75  # served: the one cut at 100 ran to 100, under q90; the one cut at 300 did not
+    # served, the upper end: the one cut at 100 ran to 100, under q90; the one cut at 300 did not
     pit = calib.pit_histogram(obs, LEVELS)
     assert pit["n"] == 3 and pit["observed"] == pytest.approx([0, 1 / 3, 1 / 3, 1 / 3])
     assert pit["expected"] == pytest.approx([0.1, 0.4, 0.4, 0.1])
@@ -106,14 +106,14 @@ def test_censored_responses_count_at_their_bound_in_served_coverage_and_the_conf
     requests = [request(100 + i, index=i) for i in range(16)] + [request(2048, True, i) for i in range(16, 20)]
     predictions = [prediction((50, 100, 150), r.length) for r in requests]
     q90 = calib.coverage(calib.observations(requests, predictions), LEVELS)[2]
-    assert q90["served"] == q90["coverage"] == pytest.approx(16 / 20) and q90["undetermined"] == 0
+    assert q90["upper"] == q90["coverage"] == pytest.approx(16 / 20) and q90["undetermined"] == 0
     at_cap = [prediction((50, 100, 2048), r.length) for r in requests]
-    assert calib.coverage(calib.observations(requests, at_cap), LEVELS)[2]["served"] == 1.0
+    assert calib.coverage(calib.observations(requests, at_cap), LEVELS)[2]["upper"] == 1.0
     shifts = calib.calibrate(requests, predictions, LEVELS)
     # rank ceil(21 x 0.9) = 19 of 20 lands on a censored score: q90 shifted up to the cap, every request served
     assert np.expm1(np.log1p(150) + shifts["static"][2]) == pytest.approx(2048)
     corrected = [calib.shifted(p, shifts["static"], shifts["dynamic"]) for p in predictions]
-    assert calib.coverage(calib.observations(requests, corrected), LEVELS)[2]["served"] == pytest.approx(1.0)
+    assert calib.coverage(calib.observations(requests, corrected), LEVELS)[2]["upper"] == pytest.approx(1.0)
 
 
 def test_eval_refuses_calibration_without_a_quantile_predictor(chat, tmp_path, capsys):  # noqa: F811

@@ -12,8 +12,10 @@ the undetermined ones leave (all above / all below).
 What a scheduler meets is the *served* length: the server stops a request at its max_new_tokens
 and the scheduler reads a quantile clipped there (``scheduling/kv_admission.py``), so a response
 cut at the label set's cap ran exactly to it, and is covered by a quantile at or past that bound.
-Served coverage counts every request that way; it is the scheduler's figure while the serving cap
-is the label set's generation cap (a larger cap lets those requests run longer).
+Served coverage counts every request that way, and is the upper end of the interval above (the
+undetermined requests are exactly the censored ones at or under the quantile); it is the
+scheduler's figure while the serving cap is the label set's generation cap (a larger cap lets
+those requests run longer).
 
 The split-conformal correction (Romano et al., conformalized quantile regression, one-sided per
 level) shifts each quantile in z = log(1 + r) by the ceil((n + 1) tau)-th smallest calibration
@@ -83,9 +85,8 @@ def coverage(obs: Observations, levels: Sequence[float]) -> List[Dict[str, Any]]
         determined = len(q) - undetermined
         rows.append({"level": level, "coverage": float(below.sum() / determined) if determined else float("nan"),
                      "lower": float(below.sum() / len(q)) if len(q) else float("nan"),
+                     # the served coverage too: a censored request ran to its bound, so q at or past it covers it
                      "upper": float((below.sum() + undetermined) / len(q)) if len(q) else float("nan"),
-                     # the served length: a censored request ran to its bound, so q at or past it covers it
-                     "served": float((obs.remaining <= q).mean()) if len(q) else float("nan"),
                      "n": len(q), "undetermined": undetermined})
     return rows
 

@@ -70,8 +70,9 @@ def ranking_ceiling(samples: Mapping[str, Sequence[float]], rows: Sequence[str],
         "other_samples_reliability": reliability,
         "spearman_corrected": (naive / math.sqrt(reliability)) if naive is not None and reliability > 0 else None,
         "spearman_from_icc": (6 / math.pi) * math.asin(math.sqrt(rho) / 2) if rho > 0 else None,
-        # the 800+ separation the prompt allows: the scored sample's class against the mean of its prompt's others
-        "long_auc": metrics.long_auc(np.expm1(scored), others),
+        # the 800+ separation the prompt allows, naive (finished samples only, the others' mean not corrected for
+        # its noise: a lower estimate of the ceiling, on these rows only)
+        "long_auc": metrics.long_auc([samples[row_id][0] for row_id in rows], others),
         "floor_static_mae": float(np.mean(floor_errors)),
         "floor_static_mae_ci": metrics.bootstrap_interval(floor_errors, seed=seed),
     }

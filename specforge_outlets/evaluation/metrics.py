@@ -140,17 +140,16 @@ def long_predicted_long(true_lengths: Sequence[float], predicted: Sequence[float
 def long_auc(true_lengths: Sequence[float], predicted: Sequence[float], *,
              threshold: float = SHARE_THRESHOLD) -> Optional[float]:
     """The chance that a request of ``threshold``+ tokens gets a larger r_hat_0 than a shorter one (ties: half;
-    None without both kinds): how well a rule "long if r_hat_0 > x" can separate them at its best threshold
-    region, whatever the predictor's scale. Censored responses (at least the cap) count as long."""
+    None without both kinds): how well rules "long if r_hat_0 > x" separate them, averaged over every x, whatever
+    the predictor's scale. A censored response counts as long: its cap (the label set's 2,048) is past the
+    threshold."""
     true, pred = np.asarray(true_lengths, np.float64), np.asarray(predicted, np.float64)
     assert true.shape == pred.shape, (true.shape, pred.shape)
     long = true >= threshold
     if long.all() or not long.any():
         return None
-    ranks = np.argsort(np.argsort(pred, kind="stable"), kind="stable").astype(np.float64)
-    for value in np.unique(pred):  # tied predictions share their mean rank
-        tied = pred == value
-        ranks[tied] = ranks[tied].mean()
+    ordered = np.sort(pred)  # 0-based mid-ranks: tied predictions share the mean of their positions
+    ranks = (np.searchsorted(ordered, pred, side="left") + np.searchsorted(ordered, pred, side="right") - 1) / 2
     n_long, n_short = int(long.sum()), int((~long).sum())
     return float((ranks[long].sum() - n_long * (n_long - 1) / 2) / (n_long * n_short))
 

@@ -272,9 +272,9 @@ def quantile_markdown(report: Dict[str, Any]) -> List[str]:
         return []
     lines = ["", "## Predicted length quantiles: coverage and PIT", "",
              "Coverage: share of requests whose remaining length is at or below the quantile (a calibrated q_tau "
-             "covers tau), among the requests it is known for, with the interval the censored ones leave; served: "
-             "among every request, a censored one covered by a quantile at or past its cap (the length the server "
-             "runs, the quantile the scheduler reads clipped at max_new_tokens). Static: before the first token; "
+             "covers tau), among the requests it is known for, with the interval the censored ones leave; the upper "
+             "end is the served coverage, a censored request covered by a quantile at or past its cap (the length the "
+             "server runs, the quantile the scheduler reads clipped at max_new_tokens). Static: before the first token; "
              "at_25/50/75: after that share of the response. Conformal: shifted in log(1 + r) on the calibration "
              "responses to their served lengths (`evaluation/calibration.py`).", ""]
     for name, entry in section.items():
@@ -286,7 +286,6 @@ def quantile_markdown(report: Dict[str, Any]) -> List[str]:
         for variant in ("raw", "conformal"):
             for point, scores in entry.get(variant, {}).items():
                 cells = [f"{_fmt(100 * c['coverage'])}% [{_fmt(100 * c['lower'], 0)}, {_fmt(100 * c['upper'], 0)}]"
-                         + (f", served {_fmt(100 * c['served'])}%" if "served" in c else "")
                          for c in scores["coverage"]]
                 pit = ", ".join(f"{100 * v:.0f}" for v in scores["pit"]["observed"])
                 lines.append(f"| {point} | {variant} | " + " | ".join(cells) + f" | {pit} |")
@@ -346,7 +345,7 @@ def censoring_markdown(report: Dict[str, Any]) -> List[str]:
         for name, entry in floor["predictors_on_these_rows"].items():
             lines.append(f"| {name} | {_fmt(entry['spearman'], 3)} | {_fmt(entry['static_mae'])} | "
                          f"{_fmt(entry.get('long_auc'), 3)} |")
-        lines.append(f"| ceiling (corrected) / floor / the others' mean | {_fmt(floor['spearman_corrected'], 3)} | "
+        lines.append(f"| ceiling (corrected) / floor / the others' mean (naive) | {_fmt(floor['spearman_corrected'], 3)} | "
                      f"{_fmt(floor['floor_static_mae'])} | {_fmt(floor.get('long_auc'), 3)} |")
     return lines
 
