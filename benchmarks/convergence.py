@@ -295,11 +295,13 @@ def test(args: argparse.Namespace) -> None:
 
 
 def write_slim_record(source: str, destination: str) -> None:
-    """The evaluation record as the serving studies read it: every predictor's r̂₀, the trajectories of
-    ``RECORD_TRAJECTORIES``, no quantiles (written atomically)."""
+    """The evaluation record as the serving studies read it: every point predictor's r̂₀, the trajectories of
+    ``RECORD_TRAJECTORIES``, no quantiles (nor the conformal entries, whose point is the raw one's; written
+    atomically)."""
     rows = []
     with gzip.open(source, "rt") as handle:
         for row in map(json.loads, handle):
+            row["static"] = {name: value for name, value in row["static"].items() if not name.endswith("+conformal")}
             row["dynamic"] = {name: row["dynamic"][name] for name in RECORD_TRAJECTORIES}
             rows.append({key: value for key, value in row.items() if key not in ("quantile_levels", "quantiles")})
     write_jsonl_gz(destination, rows)

@@ -407,7 +407,8 @@ def report(args) -> None:
              "Every ratio is to the best SGLang peer at that load and cache (the lowest short P99 of SGLang's default "
              "and its tuned grid, mean over seeds), computed per seed on the same trace; mean [range] over the seeds. "
              f"Short: output < {SHORT_THRESHOLD} tokens.",
-             f"Monotone: constant ≥ learned ≥ ceiling ≥ oracle, each within {MONOTONE_SLACK}."]
+             f"Monotone: constant ≥ learned ≥ ceiling ≥ oracle, each within {MONOTONE_SLACK}.",
+             f"The learned rungs' r̂₀: {os.path.relpath(os.path.abspath(args.record), REPO)}."]
     for config in AIM_CONFIGS:
         lines += ["", f"## The aim under {config}: short P99 ratio per rung", "",
                   "| workload | cache | requests/s | " + " | ".join(AIM_COLUMNS) + " | best past-future peer | monotone "
@@ -505,6 +506,9 @@ def main() -> None:
                         help="the evaluation record the learned rungs read (default: the committed label-set eval's)")
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
+    if os.path.abspath(args.record) != EVAL_RECORD and os.path.abspath(args.output) == OUTPUT:
+        parser.error(f"--record {args.record}: give it its own --output (the cells under {OUTPUT} are the committed "
+                     "record's; a cell keeps the runs it has)")
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         parser.error(f"unknown stage(s) {', '.join(unknown)}; of {', '.join(STAGES)}")

@@ -46,7 +46,7 @@ from sglang.srt.utils import add_prefix
 from specforge_outlets.model.draft_config import OutletsDraftConfig
 from specforge_outlets.model.length_head import LengthHead
 from specforge_outlets.model.quantile_head import QuantileHead
-from specforge_outlets.model.draft_modes import eagle3_refusal
+from specforge_outlets.model.draft_modes import eagle3_refusal, target_features_refusal
 from sglang_patches.settings import DRAFT_ARCHITECTURE
 
 logger = logging.getLogger("sglang_patches")
@@ -132,6 +132,9 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         prefix: str = "",
     ) -> None:
         outlets = _outlets_config(config)
+        refusal = target_features_refusal(outlets)  # drafting itself would read the wrong input: no mode serves it
+        if refusal is not None:
+            raise OutletsDraftError(f"{ARCHITECTURE}: {refusal}")
         if int(getattr(config, "num_hidden_layers", 1)) != 1:
             raise OutletsDraftError(
                 f"{ARCHITECTURE}: OUTLETS drafts have one decoder layer, config has "
@@ -269,7 +272,8 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         return QuantileHead.log_remaining_quantiles(raw).float()
 
     def require_draft_state_head(self) -> None:
-        """Refuse EAGLE-3 mode for a head trained on the fused target features (not the draft state)."""
+        """Refuse EAGLE-3 mode for a head the speculative worker's draft state cannot feed (trained on the fused
+        target features)."""
         refusal = eagle3_refusal(self.outlets_config)  # the rule `outlets export` prints its modes by
         if refusal is not None:
             raise OutletsDraftError(f"{ARCHITECTURE}: {refusal}")

@@ -338,7 +338,8 @@ def is_outlets_speculative_draft(speculative_algorithm, speculative_draft_model_
 
 
 def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int, hidden_size: int) -> None:
-    """Refuse a draft whose fused depths or width do not fit the target (a draft trained for another target?).
+    """Refuse a draft whose fused depths or width do not fit the target (a draft trained for another target?), or
+    one trained on the last layer alone (``draft_modes.target_features_refusal``).
 
     One rule for both places that check it: the launcher (from the target's config.json) and the
     scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS

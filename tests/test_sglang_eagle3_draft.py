@@ -288,6 +288,20 @@ def test_eagle3_mode_refuses_a_head_trained_on_the_fused_features(sglang_cpu, tm
     load_with_sglang(make_export(tmp_path / "draft-state")).require_draft_state_head()
 
 
+def test_sglang_refuses_to_load_a_last_layer_draft_in_any_mode(sglang_cpu, tmp_path):
+    """SGLang feeds the fused depths, which a last-layer draft's fc never trained on: refused at load, plugin or not."""
+    directory = make_export(tmp_path / "draft")
+    with open(os.path.join(directory, "config.json")) as handle:
+        config = json.load(handle)
+    config["outlets_config"]["target_features"] = "last_layer"
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    from sglang_patches.eagle3_draft import OutletsDraftError
+
+    with pytest.raises(OutletsDraftError, match="target_features='last_layer' is the training ablation"):
+        load_with_sglang(directory)
+
+
 def test_ungated_export_has_no_gate(sglang_cpu, tmp_path):
     directory = make_export(tmp_path / "draft", gated=False)
     model = load_with_sglang(directory)

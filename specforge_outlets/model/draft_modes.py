@@ -8,8 +8,11 @@ training environment, which has no SGLang, imports it too.
 - **EAGLE-3** (``--speculative-algorithm EAGLE3 --speculative-draft-model-path DIR``): the length
   head is read on the draft state SGLang's speculative worker keeps, so only a ``head_input: draft``
   head fits (:func:`eagle3_refusal`).
-- **predictor-only** (``--outlets-draft-path DIR``): any head, on a Llama-family target deep and wide
+- **predictor-only** (``--outlets-draft-path DIR``): either head, on a Llama-family target deep and wide
   enough for the fused layers (:func:`min_target_layers`, :func:`target_hidden_size`).
+
+Both modes feed the draft the fused depths SGLang captures, so neither serves the last-layer
+ablation (``target_features: last_layer``, :func:`target_features_refusal`).
 """
 
 from __future__ import annotations

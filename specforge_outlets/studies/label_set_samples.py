@@ -1,7 +1,8 @@
 """The label set's prompts with four samples each, and every ladder rung's values for each sample.
 
 The target samples its answers, so a prompt has a distribution of lengths. The committed label set
-holds, for 253 test prompts of the evaluation record, the test response and three regenerations
+holds, for the test prompts of the evaluation record (253 of the committed one's, 256 of the converged
+drafts'), the test response and three regenerations
 (``noise-seed*.jsonl.gz``; a regeneration cut at the 2,048-token cap is censored). A request of the
 ladder's workload is one sample; each learned predictor's r̂₀ reads the prompt alone (one value for
 its four samples), and the per-prompt ceiling predicts a sample by the mean of its prompt's other
