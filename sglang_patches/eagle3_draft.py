@@ -161,7 +161,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         # the training module itself (torch only), so that the names and the maths cannot drift
         self.length_head = LengthHead([int(w) for w in widths], outlets.bucket_edges)
         # the quantile head (the remaining length's quantiles), the training module too; None for an export without one
-        self.quantile_head = (QuantileHead([int(w) for w in widths], outlets.quantile_levels)
+        self.quantile_head = (QuantileHead([int(w) for w in widths], outlets.quantile_levels, outlets.quantile_shifts)
                               if outlets.quantile_levels else None)
 
     # -- weights ----------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             raise OutletsDraftError(f"{ARCHITECTURE}: this export has no quantile head (outlets_config.quantile_levels)")
         states = draft_states if self.model.norm_output else self.model.norm(draft_states)
         raw = self.quantile_head(states.to(self.quantile_head.mlp[0].weight.dtype))
-        return QuantileHead.log_remaining_quantiles(raw).float()
+        return self.quantile_head.served_quantiles(raw).float()
 
     def require_draft_state_head(self) -> None:
         """Refuse EAGLE-3 mode for a head the speculative worker's draft state cannot feed (trained on the fused

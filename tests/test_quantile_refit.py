@@ -86,6 +86,41 @@ def test_the_command_writes_an_export_eval_scores_for_coverage(chat, tmp_path, c
     assert json.loads((report / "report.json").read_text())["calibration"]["outlets"]["levels"] == list(LEVELS)
 
 
+def test_calibration_features_give_the_served_quantiles_their_coverage(chat, tmp_path, capsys):  # noqa: F811
+    """--calibration-features: the export's config carries per-level shifts that bring the served quantiles' pooled
+    served-length coverage on the calibration split to each level; every reader of the export serves them."""
+    from specforge_outlets.evaluation import calibration as conformal
+    from specforge_outlets.evaluation.outlets_predictor import served_predictions
+
+    target, train_dir, test_dir = chat
+    source = make_export(target, tmp_path / "draft")
+    raw, calibrated = tmp_path / "raw", tmp_path / "calibrated"
+    common = ["--draft", source, "--features", train_dir, "--target", target, "--levels", "0.1,0.5,0.9",
+              "--max-epochs", "3", "--no-progress"]
+    assert main(["fit-quantile-head", *common, "--output", str(raw)]) == 0
+    assert main(["fit-quantile-head", *common, "--output", str(calibrated), "--calibration-features", test_dir]) == 0
+    assert "served shifts" in capsys.readouterr().out
+    shifts = json.loads((calibrated / "config.json").read_text())["outlets_config"]["quantile_shifts"]
+    assert json.loads((raw / "config.json").read_text())["outlets_config"]["quantile_shifts"] is None
+    assert json.loads((calibrated / refit.REFIT_FILE).read_text())["conformal"]["shifts"] == shifts
+    embed = load_draft(source, target).embed_tokens
+    split = load_split(test_dir).with_censored()
+
+    def pooled_coverage(export):
+        predictions = served_predictions(OutletsLengthPredictor(str(export), embed), split, desc="", progress=False)
+        points = conformal.pooled(list(conformal.calibration_points(split.requests, predictions).values()))
+        return [row["upper"] for row in conformal.coverage(points, LEVELS)], predictions
+
+    before, raw_predictions = pooled_coverage(raw)
+    after, predictions = pooled_coverage(calibrated)
+    assert all(coverage >= level for coverage, level in zip(after, LEVELS)) and after != before
+    z_raw, z_served = (torch.log1p(torch.as_tensor(p[0].dynamic_quantiles[0])) for p in (raw_predictions, predictions))
+    expected = torch.cummax(z_raw + torch.tensor(shifts, dtype=torch.float64), dim=0).values
+    torch.testing.assert_close(z_served, expected, atol=1e-4, rtol=0)  # the same weights, the shifts added
+    draft = load_draft(str(calibrated), target)  # SpecForge's class serves them too
+    torch.testing.assert_close(draft.quantile_head.shifts, torch.tensor(shifts, dtype=torch.float32))
+
+
 def test_the_copy_may_not_replace_its_source(chat, tmp_path, capsys):  # noqa: F811
     target, train_dir, _ = chat
     source = make_export(target, tmp_path / "draft")

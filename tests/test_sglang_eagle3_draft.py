@@ -412,6 +412,27 @@ def test_the_quantile_head_loads_and_reads_the_draft_state_as_the_plain_pytorch_
         plain.log_remaining_quantiles_from_draft_state(kept)
 
 
+def test_the_served_shifts_of_a_calibrated_export_are_added_in_both_modes(sglang_cpu, tmp_path):
+    """outlets_config.quantile_shifts (fit-quantile-head --calibration-features): EAGLE-3 mode adds them as
+    predictor-only mode does, keeping the quantiles non-decreasing."""
+    directory = make_export(tmp_path / "draft", quantile_levels=LEVELS)
+    kept = torch.randn(TOKENS, H, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        raw = load_with_sglang(directory).log_remaining_quantiles_from_draft_state(kept)
+    with open(os.path.join(directory, "config.json")) as handle:
+        config = json.load(handle)
+    shifts = [0.5, -0.2, 0.1]  # the middle one drops below the lowest where the raw gap is small: cummax holds them
+    config["outlets_config"]["quantile_shifts"] = shifts
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    with torch.no_grad():
+        zq = load_with_sglang(directory).log_remaining_quantiles_from_draft_state(kept)
+    expected = torch.cummax(raw + torch.tensor(shifts), dim=-1).values
+    torch.testing.assert_close(zq, expected, rtol=0, atol=1e-5)
+    reference = OutletsLengthPredictor(directory, torch.nn.Embedding(VOCAB, H))
+    torch.testing.assert_close(zq, reference.log_remaining_quantiles(kept), rtol=0, atol=1e-5)
+
+
 def test_quantile_head_weights_without_levels_or_levels_without_weights_are_refused(sglang_cpu, tmp_path):
     from sglang_patches.eagle3_draft import OutletsDraftError
 

@@ -67,10 +67,7 @@ class OutletsPredictor(Predictor):
 
     @torch.no_grad()
     def predict(self, test: Split) -> List[Prediction]:
-        from specforge_outlets.data.labels import shift_left
-        from specforge_outlets.model.length_head import log_remaining_to_tokens
         from specforge_outlets.model.plain_draft import OutletsLengthPredictor
-        from specforge_outlets.model.target_features import captured_input
 
         check_features_match_draft(self.draft, self.draft_dir, test)
         # The forward predictor-only serving runs (on the export, with the target's embedding), so that
@@ -78,17 +75,27 @@ class OutletsPredictor(Predictor):
         served = OutletsLengthPredictor(self.draft_dir, self.draft.embed_tokens)
         if served.quantile_head is not None:
             self.quantile_levels = served.quantile_head.levels
-        out: List[Prediction] = [None] * len(test)  # type: ignore[list-item]
-        for _, features, members in tqdm(test.by_file(), total=len(test.files()), desc=f"{self.name}: predict",
-                                         unit="file", disable=not self.context.progress, leave=False):
-            next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
-            states = served.states(captured_input(features, served.outlets)[0], next_ids)
-            remaining = log_remaining_to_tokens(served.log_remaining(states)).double()
-            quantiles = (None if served.quantile_head is None
-                         else log_remaining_to_tokens(served.log_remaining_quantiles(states)).double())  # [T, K]
-            for index, request in members:
-                response = slice(request.prompt_end, request.prompt_end + request.length)
-                dynamic = remaining[response].numpy()
-                out[index] = Prediction(float(dynamic[0]), dynamic,
-                                        None if quantiles is None else quantiles[response].numpy())
-        return out
+        return served_predictions(served, test, desc=f"{self.name}: predict", progress=self.context.progress)
+
+
+@torch.no_grad()
+def served_predictions(served, split: Split, *, desc: str, progress: bool) -> List[Prediction]:
+    """Every request's served r̂₀, trajectory and (with a quantile head) quantiles from an export's forward
+    (``model.plain_draft.OutletsLengthPredictor``)."""
+    from specforge_outlets.data.labels import shift_left
+    from specforge_outlets.model.length_head import log_remaining_to_tokens
+    from specforge_outlets.model.target_features import captured_input
+
+    out: List[Prediction] = [None] * len(split)  # type: ignore[list-item]
+    for _, features, members in tqdm(split.by_file(), total=len(split.files()), desc=desc, unit="file",
+                                     disable=not progress, leave=False):
+        next_ids = shift_left(features["input_ids"][None], 1)[0].clamp_min(0)  # token j + 1 at position j
+        states = served.states(captured_input(features, served.outlets)[0], next_ids)
+        remaining = log_remaining_to_tokens(served.log_remaining(states)).double()
+        quantiles = (None if served.quantile_head is None
+                     else log_remaining_to_tokens(served.log_remaining_quantiles(states)).double())  # [T, K]
+        for index, request in members:
+            response = slice(request.prompt_end, request.prompt_end + request.length)
+            dynamic = remaining[response].numpy()
+            out[index] = Prediction(float(dynamic[0]), dynamic, None if quantiles is None else quantiles[response].numpy())
+    return out

@@ -41,7 +41,7 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
             add_output_gate(self.midlayer.self_attn, input_size=2 * config.hidden_size)
         self.length_head = LengthHead(self.outlets.head_widths, self.outlets.bucket_edges)
         levels = self.outlets.quantile_levels
-        self.quantile_head = QuantileHead(self.outlets.head_widths, levels) if levels else None
+        self.quantile_head = QuantileHead(self.outlets.head_widths, levels, self.outlets.quantile_shifts) if levels else None
         assert self.outlets.head_widths[0] == config.hidden_size, self.outlets.head_widths
         self._init_outlets_weights()
 
@@ -99,5 +99,5 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         return self.quantile_head(normalized.detach() if self.outlets.quantile_mode is QuantileMode.DETACHED else normalized)
 
     def predict_log_remaining_quantiles(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, K]
-        """z quantiles at ``outlets.quantile_levels`` from draft states, non-decreasing."""
-        return QuantileHead.log_remaining_quantiles(self.quantile_outputs(state))
+        """Served z quantiles at ``outlets.quantile_levels`` from draft states, non-decreasing."""
+        return self.quantile_head.served_quantiles(self.quantile_outputs(state))

@@ -42,10 +42,15 @@ class OutletsDraftConfig:
     quantile_levels: Optional[Tuple[float, ...]] = None  # None: no quantile head (model/quantile_head.py)
     quantile_mode: QuantileMode = QuantileMode.JOINT
     target_features: TargetFeatures = TargetFeatures.FUSED
+    # per level, z shifts the served quantiles add (the split-conformal correction of fit-quantile-head); None: none
+    quantile_shifts: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self) -> None:  # a value read from JSON becomes its enum member; ValueError if it is none
         object.__setattr__(self, "head_input", HeadInput(self.head_input))
         object.__setattr__(self, "target_features", TargetFeatures(self.target_features))
+        if self.quantile_shifts is not None and len(self.quantile_shifts) != len(self.quantile_levels or ()):
+            raise ValueError(f"outlets_config.quantile_shifts {list(self.quantile_shifts)} needs one shift per "
+                             f"quantile level {list(self.quantile_levels or ())}")
         object.__setattr__(self, "quantile_mode", QuantileMode(self.quantile_mode))
 
     @classmethod
@@ -60,6 +65,8 @@ class OutletsDraftConfig:
             quantile_levels=tuple(float(level) for level in levels) if levels is not None else None,
             quantile_mode=raw.get("quantile_mode", QuantileMode.JOINT),
             target_features=raw.get("target_features", TargetFeatures.FUSED),
+            quantile_shifts=(tuple(float(shift) for shift in raw["quantile_shifts"])
+                             if raw.get("quantile_shifts") is not None else None),
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -114,7 +114,8 @@ class OutletsLengthPredictor:
         self.quantile_head = None  # an export trained with outlets.quantile_levels has one
         if self.outlets.quantile_levels:
             self.quantile_head = _loaded_head(
-                QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels), "quantile_head", weights,
+                QuantileHead(list(self.outlets.head_widths), self.outlets.quantile_levels, self.outlets.quantile_shifts),
+                "quantile_head", weights,
                 directory, "quantile_levels", dtype, self.device)
         # the rest of the draft, read by the forward below (the heads' tensors live in their modules only)
         self.w: Dict[str, torch.Tensor] = {
@@ -182,9 +183,9 @@ class OutletsLengthPredictor:
 
     @torch.no_grad()
     def log_remaining_quantiles(self, states: torch.Tensor) -> torch.Tensor:
-        """[T, H] -> [T, K] z quantiles at ``outlets.quantile_levels`` (the export must have a quantile head)."""
+        """[T, H] -> [T, K] served z quantiles at ``outlets.quantile_levels`` (the export must have a quantile head)."""
         assert self.quantile_head is not None, "this export has no quantile head (outlets.quantile_levels)"
-        return QuantileHead.log_remaining_quantiles(self.quantile_head(self.normalized_state(states)))
+        return self.quantile_head.served_quantiles(self.quantile_head(self.normalized_state(states)))
 
     @torch.no_grad()
     def prompt_log_remaining(self, fused_features: torch.Tensor, prompt_ids, first_token) -> torch.Tensor:

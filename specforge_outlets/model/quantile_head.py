@@ -14,7 +14,7 @@ head's (H -> H/2 -> H/4 -> K).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -30,11 +30,16 @@ def check_levels(levels: Sequence[float]) -> tuple:
 
 
 class QuantileHead(nn.Module):
-    def __init__(self, widths: Sequence[int], levels: Sequence[float]):
+    def __init__(self, widths: Sequence[int], levels: Sequence[float], shifts: Optional[Sequence[float]] = None):
+        """``shifts``: per level, added to z when served (``outlets_config.quantile_shifts``: the split-conformal
+        correction ``outlets fit-quantile-head --calibration-features`` fits); training reads the raw quantiles."""
         super().__init__()
         widths = list(widths)
         assert len(widths) >= 2 and all(w > 0 for w in widths), widths
         self.levels = check_levels(levels)
+        shifts = [0.0] * len(self.levels) if shifts is None else [float(shift) for shift in shifts]
+        assert len(shifts) == len(self.levels), (shifts, self.levels)
+        self.register_buffer("shifts", torch.tensor(shifts, dtype=torch.float32), persistent=False)  # [K], not a weight
         layers: list[nn.Module] = []
         for width_in, width_out in zip(widths, widths[1:]):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]
@@ -49,6 +54,11 @@ class QuantileHead(nn.Module):
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, K] raw
         return self.mlp(state)
+
+    def served_quantiles(self, raw: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., K] non-decreasing z
+        """The z quantiles a scheduler reads: the raw ones shifted, kept non-decreasing (shifts differ by level)."""
+        shifted = self.log_remaining_quantiles(raw) + self.shifts.float().to(raw.device)
+        return torch.cummax(shifted, dim=-1).values
 
     @staticmethod
     def log_remaining_quantiles(raw: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., K] non-decreasing z

@@ -11,6 +11,11 @@ The fit is the probes' recipe (``evaluation.heads.fit_head`` at the probes' trai
 chosen on held-out requests), so this head and the probes' quantile heads differ only in the state
 they read. Its input standardisation is folded into the first layer, so the export keeps the draft's
 own ``QuantileHead`` and SGLang's plugin serves it unchanged.
+
+A head fitted to the pinball loss is not calibrated where a scheduler reads it (the served length, at
+every decoding step): with ``--calibration-features`` the copy's config gets the split-conformal shifts
+of ``evaluation/calibration.py``, estimated on responses the draft never trained on, which every reader
+adds (``QuantileHead.served_quantiles``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -44,6 +49,9 @@ def register(subparsers) -> None:
                         help=f"quantile levels (default {','.join(map(str, DEFAULT_QUANTILE_LEVELS))}, the scheduler's)")
     parser.add_argument("--censored-training", choices=("one_sided", "drop"), default="one_sided",
                         help="censored responses: fitted as lower bounds (default) or left out")
+    parser.add_argument("--calibration-features",
+                        help="captured features of responses the draft never trained on: the served quantiles get "
+                             "the split-conformal shift that brings their served-length coverage to each level")
     parser.add_argument("--max-epochs", type=int, default=60, help="epochs at most (chosen on held-out requests)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
@@ -71,10 +79,33 @@ def run(args) -> int:
                 features=os.path.basename(os.path.normpath(args.features)),
                 censored_training=args.censored_training, requests=len(split),
                 censored_requests=sum(request.censored for request in split.requests))
-    write_export(args.draft, args.output, head, args.levels, info)
+    calibration = None
+    if args.calibration_features:
+        calibration = load_split(args.calibration_features, name="calibration features").with_censored()
+    write_export(args.draft, args.output, head, args.levels, info,
+                 calibrate=None if calibration is None else lambda partial: conformal_shifts_of(
+                     partial, predictor.embed_tokens, calibration, args.levels, progress=not args.no_progress))
     print(f"quantile head at levels {list(args.levels)}: {info['epochs']} epochs, validation pinball "
-          f"{info['validation_loss']:.4f} on {info['validation_requests']} held-out requests -> {args.output}")
+          f"{info['validation_loss']:.4f} on {info['validation_requests']} held-out requests"
+          + (f"; served shifts {[round(s, 3) for s in info['conformal']['shifts']]} from "
+             f"{info['conformal']['requests']} calibration requests" if calibration is not None else "")
+          + f" -> {args.output}")
     return 0
+
+
+def conformal_shifts_of(export: str, embed_tokens, calibration, levels, progress: bool) -> Dict:
+    """The served-length split-conformal shifts of ``export``'s quantile head on the calibration split, one per
+    level, pooled over the static prediction and 25/50/75% of decoding (the scheduler reads both)."""
+    from specforge_outlets.evaluation import calibration as conformal
+    from specforge_outlets.evaluation.outlets_predictor import served_predictions
+    from specforge_outlets.model.plain_draft import OutletsLengthPredictor
+
+    predictions = served_predictions(OutletsLengthPredictor(export, embed_tokens), calibration,
+                                     desc="calibration", progress=progress)
+    points = conformal.pooled(list(conformal.calibration_points(calibration.requests, predictions).values()))
+    return {"shifts": conformal.conformal_shifts(points, levels), "requests": len(calibration),
+            "censored_requests": sum(request.censored for request in calibration.requests),
+            "points": int(len(points.remaining))}
 
 
 @torch.no_grad()
@@ -115,8 +146,10 @@ def fit_quantile_head(rows: Dict[str, torch.Tensor], widths, levels, max_epochs:
     return head, {**fitted.info(), "levels": list(levels), "training_positions": int(len(rows["x"]))}
 
 
-def write_export(source: str, output: str, head: torch.nn.Module, levels: Tuple[float, ...], info: Dict) -> None:
-    """``source``'s files with the quantile head's weights added (in the export's dtype) and its config naming them.
+def write_export(source: str, output: str, head: torch.nn.Module, levels: Tuple[float, ...], info: Dict,
+                 calibrate: Optional[Callable[[str], Dict]] = None) -> None:
+    """``source``'s files with the quantile head's weights added (in the export's dtype) and its config naming them;
+    ``calibrate`` (the written export's directory -> ``conformal_shifts_of``) adds the served shifts to the config.
 
     Written to a temporary directory first and moved into place, so an interrupted run leaves no half export.
     """
@@ -133,9 +166,14 @@ def write_export(source: str, output: str, head: torch.nn.Module, levels: Tuple[
     config_path = os.path.join(partial, "config.json")
     with open(config_path, encoding="utf-8") as handle:
         config = json.load(handle)
-    config["outlets_config"].update(quantile_levels=list(levels), quantile_mode="detached")
+    config["outlets_config"].update(quantile_levels=list(levels), quantile_mode="detached", quantile_shifts=None)
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=2)
+    if calibrate is not None:
+        info["conformal"] = calibrate(partial)
+        config["outlets_config"]["quantile_shifts"] = info["conformal"]["shifts"]
+        with open(config_path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)
     with open(os.path.join(partial, REFIT_FILE), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=2)
     shutil.rmtree(output, ignore_errors=True)
