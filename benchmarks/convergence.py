@@ -19,7 +19,8 @@ stopped once the last doubling improved each of its own objectives by under 2%. 
 checkpoint (its last evaluated one, or ``--step``) against every baseline fitted on the drafts' own
 training responses (the fit split, censored ones one-sided as the drafts trained), into
 ``--report``/``eval/``; the OUTLETS draft is scored with a quantile head fitted on its frozen states
-(``outlets fit-quantile-head``), the probes with their own, both calibrated on the validation split.
+(``outlets fit-quantile-head``) whose served shifts the validation split calibrates (the export then
+goes to ``--report``/draft-outlets/), the probes with their own heads, calibrated by eval on the same split.
 Keep ``--run`` outside the work tree: checkpoints are large and must outlive a fresh checkout.
 
 ``scale`` answers the scaling claim on the validation split: OUTLETS trained on nested subsets of the
@@ -68,6 +69,7 @@ TEST_RUNS = {"outlets": "outlets-head-lr-1x", "sd-only": "sd-only", "lp-only": "
 # studies get the record without the quantiles and with the re-predicting trajectories they replay.
 COMMITTED = ("report.json", "report.md", "pit.png")
 RECORD = "predictions.jsonl.gz"
+COMMITTED_EXPORT = "draft-outlets"  # the scored OUTLETS export (bf16, no embedding table: ~22 MB), into --report
 RECORD_TRAJECTORIES = ("outlets", "probe-mid")  # the dynamic estimates the slim record keeps
 # The baselines of the main test run. pia asks the target itself per request (75 batches of generation
 # at ~87 s each beside the other runs, 1.8 hours) and egtp / estp pool every position of the 2,154 fit
@@ -291,7 +293,17 @@ def test(args: argparse.Namespace) -> None:
         shutil.copy(os.path.join(out, name), os.path.join(committed, name))
     if not suffix:
         write_slim_record(os.path.join(out, RECORD), os.path.join(committed, RECORD))
+        copy_atomic(exports["outlets"], os.path.join(args.report, COMMITTED_EXPORT))
     print(f"report: {os.path.join(committed, 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
+
+
+def copy_atomic(source: str, destination: str) -> None:
+    """A directory copied beside ``destination`` and renamed into place."""
+    partial = f"{destination}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    shutil.rmtree(destination, ignore_errors=True)
+    os.replace(partial, destination)
 
 
 def write_slim_record(source: str, destination: str) -> None:
@@ -366,11 +378,13 @@ def generation_cap(run: str) -> int:
 
 
 def with_quantile_head(args: argparse.Namespace, export: str) -> str:
-    """``export`` with a quantile head fitted on its frozen states over the fit split (``outlets fit-quantile-head``)."""
-    out = f"{export}-quantiles"
+    """``export`` with a quantile head fitted on its frozen states over the fit split and its served quantiles
+    calibrated on the validation split (``outlets fit-quantile-head --calibration-features``)."""
+    out = f"{export}-quantiles-calibrated"
     if not os.path.exists(os.path.join(out, "config.json")):
         code = outlets(["fit-quantile-head", "--draft", export, "--features", paths(args.run)["fit"], "--target",
-                        args.target, "--levels", ",".join(map(str, QUANTILE_LEVELS)), "--output", out, "--overwrite"])
+                        args.target, "--levels", ",".join(map(str, QUANTILE_LEVELS)), "--output", out, "--overwrite",
+                        "--calibration-features", paths(args.run)["val"]])  # fmt: skip
         if code != 0:
             raise SystemExit(f"outlets fit-quantile-head exited with {code}")
     return out
