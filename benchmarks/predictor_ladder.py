@@ -114,6 +114,9 @@ class TransferredErrors:
 
 
 RESCALED = "outlets r0 mean-rescaled"  # shown beside the ladder, not a rung of its order (it knows the mean)
+# its controls, at the same mean: no ranking (a constant) and no per-request ranking (OUTLETS' values shuffled)
+RESCALED_CONTROLS = ("constant mean-rescaled", "outlets r0 shuffled mean-rescaled")
+BESIDE = (RESCALED, *RESCALED_CONTROLS)  # the rungs that know the mean
 Rung = Callable[[object, Trace, Optional[np.ndarray], int], List[Optional[float]]]
 RUNGS: Dict[str, Rung] = {
     "none": lambda work, trace, drawn, seed: [None] * len(trace),
@@ -125,6 +128,10 @@ RUNGS: Dict[str, Rung] = {
     # OUTLETS' ranking at the workload's mean length: what calibrating r̂₀ by finished lengths could gain
     RESCALED: lambda work, trace, drawn, seed: mean_rescaled_predictions(
         work.measured("outlets r0", trace, drawn, seed), trace.output_lens),
+    RESCALED_CONTROLS[0]: lambda work, trace, drawn, seed: mean_rescaled_predictions(
+        constant_predictions(work.train_median, len(trace)), trace.output_lens),
+    RESCALED_CONTROLS[1]: lambda work, trace, drawn, seed: mean_rescaled_predictions(
+        shuffled_predictions(work.measured("outlets r0", trace, drawn, seed), seed), trace.output_lens),
     "ceiling": lambda work, trace, drawn, seed: work.measured("ceiling", trace, drawn, seed),
     "oracle": lambda work, trace, drawn, seed: trace.output_lens.astype(np.float64).tolist(),
 }
@@ -357,7 +364,7 @@ def ladder_table(seeds_at: Dict[float, List[dict]]) -> List[str]:
 DEFAULT_CONFIG = next(iter(CONFIGS))
 AIM_CONFIGS = [DEFAULT_CONFIG, "charge (tail-safe + KV by prediction)"]  # the default and the former one
 ORDER = ["constant", *LEARNED, "ceiling", "oracle"]  # the aim: short P99 falls (or holds) along this order
-AIM_COLUMNS = ["constant", *LEARNED, RESCALED, "ceiling", "oracle"]
+AIM_COLUMNS = ["constant", *LEARNED, *BESIDE, "ceiling", "oracle"]
 MONOTONE_SLACK = 0.02  # of the short P99 ratio
 
 
@@ -465,16 +472,17 @@ def plot(args) -> None:
         seeds = cells[(workload, regime, rate)]
         best = best_sglang(seeds)
         # by quality, ties in the ladder's order; the rescaled r̂₀ ranks as r̂₀ does: a star of its own
-        rungs = sorted([rung for rung in RUNGS if rung != RESCALED], key=lambda rung: scores[rung])
+        rungs = sorted([rung for rung in RUNGS if rung not in BESIDE], key=lambda rung: scores[rung])
         for config, marker in zip(CONFIGS, "osv^"):
             values = [ratios(seeds, f"{config} | {rung}", best, "short_p99_s") for rung in rungs]
             mean = np.array([v.mean() for v in values])
             errors = np.array([[v.mean() - v.min() for v in values], [v.max() - v.mean() for v in values]])
             axis.errorbar([scores[rung] for rung in rungs], mean, yerr=errors, marker=marker, markersize=3, capsize=2,
                           label=config)
-        rescaled = ratios(seeds, f"{DEFAULT_CONFIG} | {RESCALED}", best, "short_p99_s").mean()
-        axis.plot([scores[RESCALED]], [rescaled], marker="*", markersize=9, color="C0", linestyle="none",
-                  label=f"{DEFAULT_CONFIG.split(' (')[0]}, {RESCALED}")
+        for rung, marker in zip(BESIDE, "*XP"):  # the rescaled r̂₀ and its controls at the same mean
+            rescaled = ratios(seeds, f"{DEFAULT_CONFIG} | {rung}", best, "short_p99_s").mean()
+            axis.plot([scores[rung]], [rescaled], marker=marker, markersize=8, color="C0", linestyle="none",
+                      label=f"{DEFAULT_CONFIG.split(' (')[0]}, {rung}")
         for rung in ("constant", "outlets r0", "ceiling", "oracle"):
             value = ratios(seeds, f"{DEFAULT_CONFIG} | {rung}", best, "short_p99_s").mean()
             axis.annotate(rung, (scores[rung], value), fontsize=7, xytext=(3, 4), textcoords="offset points")
