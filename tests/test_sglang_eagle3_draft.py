@@ -415,10 +415,10 @@ def test_the_quantile_head_loads_and_reads_the_draft_state_as_the_plain_pytorch_
 def test_the_served_shifts_of_a_calibrated_export_are_added_in_both_modes(sglang_cpu, tmp_path):
     """outlets_config.quantile_shifts (fit-quantile-head --calibration-features): EAGLE-3 mode adds them as
     predictor-only mode does, keeping the quantiles non-decreasing."""
-    directory = make_export(tmp_path / "draft", quantile_levels=LEVELS)
     kept = torch.randn(TOKENS, H, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        raw = load_with_sglang(directory).log_remaining_quantiles_from_draft_state(kept)
+    with torch.no_grad():  # the same weights (seed 0) in two directories: SGLang caches a directory's config
+        raw = load_with_sglang(make_export(tmp_path / "raw", quantile_levels=LEVELS)).log_remaining_quantiles_from_draft_state(kept)
+    directory = make_export(tmp_path / "draft", quantile_levels=LEVELS)
     with open(os.path.join(directory, "config.json")) as handle:
         config = json.load(handle)
     shifts = [0.5, -0.2, 0.1]  # the middle one drops below the lowest where the raw gap is small: cummax holds them
