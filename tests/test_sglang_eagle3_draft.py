@@ -129,6 +129,15 @@ def make_export(directory, *, gated=True, bucket_edges=None, drop=(), extra=None
     return directory
 
 
+def edit_outlets_config(directory, **changes) -> None:
+    """Change keys of an export's ``outlets_config`` in place (before SGLang first reads the directory: it caches)."""
+    with open(os.path.join(directory, "config.json")) as handle:
+        config = json.load(handle)
+    config["outlets_config"].update(changes)
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(config, handle)
+
+
 def load_with_sglang(directory):
     from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
@@ -276,11 +285,7 @@ def test_gated_draft_forward_through_sglang_attention_matches_plain_pytorch(sgla
 
 def test_eagle3_mode_refuses_a_head_trained_on_the_fused_features(sglang_cpu, tmp_path):
     directory = make_export(tmp_path / "draft")
-    with open(os.path.join(directory, "config.json")) as handle:
-        config = json.load(handle)
-    config["outlets_config"]["head_input"] = "fused"
-    with open(os.path.join(directory, "config.json"), "w") as handle:
-        json.dump(config, handle)
+    edit_outlets_config(directory, head_input="fused")
     from sglang_patches.eagle3_draft import OutletsDraftError
 
     with pytest.raises(OutletsDraftError, match="head_input='fused'.*predictor-only mode"):
@@ -291,11 +296,7 @@ def test_eagle3_mode_refuses_a_head_trained_on_the_fused_features(sglang_cpu, tm
 def test_sglang_refuses_to_load_a_last_layer_draft_in_any_mode(sglang_cpu, tmp_path):
     """SGLang feeds the fused depths, which a last-layer draft's fc never trained on: refused at load, plugin or not."""
     directory = make_export(tmp_path / "draft")
-    with open(os.path.join(directory, "config.json")) as handle:
-        config = json.load(handle)
-    config["outlets_config"]["target_features"] = "last_layer"
-    with open(os.path.join(directory, "config.json"), "w") as handle:
-        json.dump(config, handle)
+    edit_outlets_config(directory, target_features="last_layer")
     from sglang_patches.eagle3_draft import OutletsDraftError
 
     with pytest.raises(OutletsDraftError, match="target_features='last_layer' is the training ablation"):
@@ -419,12 +420,8 @@ def test_the_served_shifts_of_a_calibrated_export_are_added_in_both_modes(sglang
     with torch.no_grad():  # the same weights (seed 0) in two directories: SGLang caches a directory's config
         raw = load_with_sglang(make_export(tmp_path / "raw", quantile_levels=LEVELS)).log_remaining_quantiles_from_draft_state(kept)
     directory = make_export(tmp_path / "draft", quantile_levels=LEVELS)
-    with open(os.path.join(directory, "config.json")) as handle:
-        config = json.load(handle)
     shifts = [0.5, -0.2, 0.1]  # the middle one drops below the lowest where the raw gap is small: cummax holds them
-    config["outlets_config"]["quantile_shifts"] = shifts
-    with open(os.path.join(directory, "config.json"), "w") as handle:
-        json.dump(config, handle)
+    edit_outlets_config(directory, quantile_shifts=shifts)
     with torch.no_grad():
         zq = load_with_sglang(directory).log_remaining_quantiles_from_draft_state(kept)
     expected = torch.cummax(raw + torch.tensor(shifts), dim=-1).values
