@@ -214,7 +214,9 @@ def test_the_router_sends_new_requests_to_the_decode_instance_with_less_predicte
         time.sleep(0.05)
     busy = loads.index(max(loads))
     idle = pd_cluster.decodes[1 - busy]
-    time.sleep(2 * POLL_S)  # the router's view of both loads
+    # one poll interval and a margin: the router has polled both loads since the blocker arrived (a longer wait
+    # lets the blocker, capped by the tiny target's 512-token context, finish first on an idle machine)
+    time.sleep(1.25 * POLL_S)
     # still busy now, so busy at the router's last poll too: the burst is dispatched on that view
     assert json.loads(pd_cluster.decodes[busy].get("/get_load"))[0]["num_tokens"] > 1000, "lengthen the blocker"
     before = decoded_tokens(idle)
