@@ -148,10 +148,8 @@ def long_auc(true_lengths: Sequence[float], predicted: Sequence[float], *,
     long = true >= threshold
     if long.all() or not long.any():
         return None
-    ordered = np.sort(pred)  # 0-based mid-ranks: tied predictions share the mean of their positions
-    ranks = (np.searchsorted(ordered, pred, side="left") + np.searchsorted(ordered, pred, side="right") - 1) / 2
-    n_long, n_short = int(long.sum()), int((~long).sum())
-    return float((ranks[long].sum() - n_long * (n_long - 1) / 2) / (n_long * n_short))
+    n_long, n_short = int(long.sum()), int((~long).sum())  # Mann-Whitney U of the long ones over n_long x n_short
+    return float((ranks(pred)[long].sum() - n_long * (n_long + 1) / 2) / (n_long * n_short))
 
 
 def noise_floor_errors(samples: Mapping[str, Sequence[float]]) -> Dict[str, float]:

@@ -39,10 +39,9 @@ def target_features_refusal(outlets: OutletsDraftConfig) -> Optional[str]:
 
 def eagle3_refusal(outlets: OutletsDraftConfig) -> Optional[str]:
     """Why EAGLE-3 mode cannot read this draft's length head, or None where it can."""
-    if outlets.target_features is not TargetFeatures.FUSED:
-        return target_features_refusal(outlets)
-    if outlets.head_input is HeadInput.DRAFT:
-        return None
+    refusal = target_features_refusal(outlets)
+    if refusal is not None or outlets.head_input is HeadInput.DRAFT:
+        return refusal
     return (f"outlets_config.head_input={outlets.head_input.value!r}: EAGLE-3 mode reads the length head on the draft "
             "state the speculative worker keeps, which a head trained on the fused target features cannot read. "
             "Train with head_input: draft, or use predictor-only mode (--outlets-draft-path, speculative decoding off).")
