@@ -42,7 +42,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 
-from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.atomic import directory_replaced, write_text_atomic
 from specforge_outlets.cli import main as outlets
 from specforge_outlets.studies.committed_data import LABEL_SET
 from specforge_outlets.scheduling.length_distribution import DEFAULT_QUANTILE_LEVELS
@@ -293,17 +293,9 @@ def test(args: argparse.Namespace) -> None:
         shutil.copy(os.path.join(out, name), os.path.join(committed, name))
     if not suffix:
         write_slim_record(os.path.join(out, RECORD), os.path.join(committed, RECORD))
-        copy_atomic(exports["outlets"], os.path.join(args.report, COMMITTED_EXPORT))
+        with directory_replaced(os.path.join(args.report, COMMITTED_EXPORT)) as partial:
+            shutil.copytree(exports["outlets"], partial)
     print(f"report: {os.path.join(committed, 'report.md')} ({', '.join(f'{d}: {e}' for d, e in exports.items())})")
-
-
-def copy_atomic(source: str, destination: str) -> None:
-    """A directory copied beside ``destination`` and renamed into place."""
-    partial = f"{destination}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(source, partial)
-    shutil.rmtree(destination, ignore_errors=True)
-    os.replace(partial, destination)
 
 
 def write_slim_record(source: str, destination: str) -> None:

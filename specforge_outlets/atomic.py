@@ -7,6 +7,9 @@ here: to a temporary name in the same directory, flushed to disk, then renamed i
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def write_text_atomic(path: str, text: str) -> str:
@@ -20,3 +23,14 @@ def write_text_atomic(path: str, text: str) -> str:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     return path
+
+
+@contextmanager
+def directory_replaced(path: str) -> Iterator[str]:
+    """A scratch path beside ``path`` (``path.partial``, absent on entry) that replaces ``path`` when the block
+    ends without an error: an interrupted writer leaves the old directory, never half a new one."""
+    partial = path.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    yield partial
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(partial, path)

@@ -155,26 +155,27 @@ def write_export(source: str, output: str, head: torch.nn.Module, levels: Tuple[
     """
     from safetensors.torch import load_file, save_file
 
-    partial = output.rstrip("/") + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(source, partial)
-    weights_path = os.path.join(partial, "model.safetensors")
-    weights = {name: tensor for name, tensor in load_file(weights_path).items() if not name.startswith("quantile_head.")}
-    dtype = weights["fc.weight"].dtype
-    weights.update({f"quantile_head.{name}": tensor.to(dtype).contiguous() for name, tensor in head.state_dict().items()})
-    save_file(weights, weights_path, metadata={"format": "pt"})
-    config_path = os.path.join(partial, "config.json")
-    with open(config_path, encoding="utf-8") as handle:
-        config = json.load(handle)
-    config["outlets_config"].update(quantile_levels=list(levels), quantile_mode="detached", quantile_shifts=None)
-    with open(config_path, "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-    if calibrate is not None:
-        info["conformal"] = calibrate(partial)
-        config["outlets_config"]["quantile_shifts"] = info["conformal"]["shifts"]
+    from specforge_outlets.atomic import directory_replaced
+
+    with directory_replaced(output) as partial:
+        shutil.copytree(source, partial)
+        weights_path = os.path.join(partial, "model.safetensors")
+        weights = {name: tensor for name, tensor in load_file(weights_path).items()
+                   if not name.startswith("quantile_head.")}
+        dtype = weights["fc.weight"].dtype
+        weights.update({f"quantile_head.{name}": tensor.to(dtype).contiguous()
+                        for name, tensor in head.state_dict().items()})
+        save_file(weights, weights_path, metadata={"format": "pt"})
+        config_path = os.path.join(partial, "config.json")
+        with open(config_path, encoding="utf-8") as handle:
+            config = json.load(handle)
+        config["outlets_config"].update(quantile_levels=list(levels), quantile_mode="detached", quantile_shifts=None)
         with open(config_path, "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
-    with open(os.path.join(partial, REFIT_FILE), "w", encoding="utf-8") as handle:
-        json.dump(info, handle, indent=2)
-    shutil.rmtree(output, ignore_errors=True)
-    os.replace(partial, output)
+        if calibrate is not None:  # it reads the export written so far, then its shifts join the config
+            info["conformal"] = calibrate(partial)
+            config["outlets_config"]["quantile_shifts"] = info["conformal"]["shifts"]
+            with open(config_path, "w", encoding="utf-8") as handle:
+                json.dump(config, handle, indent=2)
+        with open(os.path.join(partial, REFIT_FILE), "w", encoding="utf-8") as handle:
+            json.dump(info, handle, indent=2)
