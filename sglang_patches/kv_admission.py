@@ -76,8 +76,8 @@ def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
     """What the scheduling core's admission reads from an SGLang ``Req`` holding ``held`` KV tokens,
     whose prefill adds ``extend``."""
     params = req.sampling_params
-    return KVRequest(extend, P.num_generated(req), params.max_new_tokens, P.predicted_output_len(req),
-                     P.predicted_output_quantiles(req), bool(getattr(params, "ignore_eos", False)), held)
+    return KVRequest.from_prediction(P.prediction(req), extend, P.num_generated(req), params.max_new_tokens,
+                                     bool(getattr(params, "ignore_eos", False)), held)
 
 
 def running_kv_request(req) -> KVRequest:

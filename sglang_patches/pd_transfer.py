@@ -31,6 +31,7 @@ from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.client_predictions import assign_external_prediction
 from sglang_patches.settings import same_levels
+from specforge_outlets.scheduling import PredictionSource
 
 logger = logging.getLogger("sglang_patches")
 _warned = False  # the first request without a prediction is logged, the rest only counted
@@ -38,7 +39,6 @@ _warned = False  # the first request without a prediction is logged, the rest on
 PREDICTION_SLOT = 15  # of MetadataBuffers.output_token_logprobs_val's 16 per request; SGLang uses slot 0
 NO_PREDICTION = 0.0  # what the prefill writes for a request it has not predicted
 SMALLEST_SENT = 1e-3  # a predicted 0 (the head's floor) is sent as this, so that it is not read as "none"
-SOURCE = "prefill"  # the prediction source the decode instance records
 QUANTILE_COUNT_SLOT = 14  # K, the number of quantiles sent (0: none)
 FIRST_QUANTILE_SLOT = 1  # levels in slots 1..K, quantiles in K+1..2K
 MAX_SENT_QUANTILES = (QUANTILE_COUNT_SLOT - FIRST_QUANTILE_SLOT) // 2  # 6
@@ -47,10 +47,13 @@ _warned_levels = False
 
 def sent_prediction(req) -> float:
     """What the prefill instance writes for ``req``: its own prediction, or :data:`NO_PREDICTION`."""
-    value = P.predicted_output_len(req)
-    if value is None or P.prediction_source(req) == "prior" or not math.isfinite(value) or value < 0:
+    prediction = P.prediction(req)
+    if prediction is None or prediction.source is PredictionSource.PRIOR:
         return NO_PREDICTION
-    return max(float(value), SMALLEST_SENT)
+    value = prediction.predicted_output_len
+    if not math.isfinite(value) or value < 0:
+        return NO_PREDICTION
+    return max(value, SMALLEST_SENT)
 
 
 def sent_quantiles(req):
@@ -104,7 +107,7 @@ def receive_prediction(req, value: float, config, quantiles=None) -> None:
     if assign_external_prediction(req, config):
         return  # the request carried its own (or was already predicted: a re-bootstrap keeps its first)
     if math.isfinite(value) and value > 0:
-        P.set_predicted_output_len(req, value, SOURCE, quantiles)
+        P.set_predicted_output_len(req, value, PredictionSource.PREFILL, quantiles)
         return
     # Unpredicted, as a request without a prediction on a single server: every reader uses the prior.
     state.metrics().transfer_without_prediction()

@@ -9,7 +9,7 @@ the OUTLETS draft backbone and length head over the prompt (position j reads the
 at j and the embedding of token j+1; the last prompt position reads the first sampled token) and
 sets r̂_0 on the request; a draft exported with a quantile head (``outlets_config.quantile_levels``)
 gives the quantiles of the output length at the same position (z quantiles from
-``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, tokens = expm1(z)). Any failure
+``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, in tokens by ``log_remaining_to_tokens``). Any failure
 falls back to the prior (counted, logged); the request is served either way.
 
 Supported targets: models whose SGLang implementation runs ``sglang.srt.models.llama.LlamaModel``
@@ -25,6 +25,8 @@ import threading
 from typing import List, Optional
 
 from specforge_outlets.model.draft_modes import LLAMA_TARGET
+from specforge_outlets.model.length_head import log_remaining_to_tokens
+from specforge_outlets.scheduling import PredictionSource
 from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.settings import (
@@ -39,8 +41,6 @@ logger = logging.getLogger("sglang_patches")
 _LLAMA_MODEL = "sglang.srt.models.llama.LlamaModel"
 _WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 _RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
-
-ATTR_FEATURES = "outlets_prompt_features"
 
 _state = threading.local()
 _predictor = None  # OutletsLengthPredictor of this scheduler process
@@ -144,23 +144,23 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         start, offset = offset, offset + length
         if P.predicted_output_len(req) is not None or getattr(req, "output_ids", None):
             continue  # predicted already, or a decode step in a mixed batch
-        features: Optional[list] = getattr(req, ATTR_FEATURES, None)
+        own = P.record(req)
+        features: Optional[list] = own.prompt_features
         if features is None or prefix_lens[index] == 0:  # a prefill from the start, or restarted after a reset
-            features = []
-            setattr(req, ATTR_FEATURES, features)
+            features = own.prompt_features = []
         if capture is None or capture.shape[0] < offset:
-            setattr(req, ATTR_FEATURES, None)
+            own.prompt_features = None
             P.fall_back_to_prior(req, config, "no features captured for the prompt")
             continue
         if prefix_lens[index] != sum(chunk.shape[0] for chunk in features):
-            setattr(req, ATTR_FEATURES, None)
+            own.prompt_features = None
             P.fall_back_to_prior(req, config, f"prompt prefix of {prefix_lens[index]} tokens was not computed")
             continue
         features.append(capture[start:offset])
         prompt = list(req.origin_input_ids)
         if prefix_lens[index] + length < len(prompt):
             continue  # chunked prefill: more chunks to come
-        setattr(req, ATTR_FEATURES, None)
+        own.prompt_features = None
         try:
             if next_token_ids is None:
                 raise RuntimeError("first token not sampled in this pass (delayed sampling)")
@@ -170,7 +170,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
     if not completed:
         return
     # The one synchronisation: the scheduler keeps its requests, and their predictions, on the host.
-    rows = torch.expm1(torch.stack([z for _, z in completed]).float()).clamp_min(0.0).tolist()
+    rows = log_remaining_to_tokens(torch.stack([z for _, z in completed])).tolist()
     for (req, _), row in zip(completed, rows):
         value, quantiles = (row, None) if isinstance(row, float) else (row[0], row[1:])
         if not math.isfinite(value):
@@ -178,7 +178,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         elif quantiles is not None and not all(map(math.isfinite, quantiles)):
             P.fall_back_to_prior(req, config, f"quantiles are not finite ({quantiles})")
         else:
-            P.set_predicted_output_len(req, value, "draft", quantiles)
+            P.set_predicted_output_len(req, value, PredictionSource.DRAFT, quantiles)
 
 
 def prompt_outputs(fused_features, prompt, first_token):

@@ -90,7 +90,7 @@ def sglang_req(held: Held):
     req.retraction_count = held.retractions
     from sglang_patches import predictions
 
-    setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
+    predictions.record(req).arrival = held.arrival
     if held.predicted_output_len is not None:
         predictions.set_predicted_output_len(req, held.predicted_output_len, "external")
     return req

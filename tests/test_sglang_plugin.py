@@ -290,7 +290,7 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
     for bad in ("x", float("nan"), -1, True):
         req = request("bad", custom={"outlets_predicted_output_len": bad})
         assert assign_external_prediction(req, config)
-        assert P.predicted_output_len(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
+        assert P.predicted_output_len(req) == config.prior_output_len and P.prediction(req).source == "prior"
     assert P.FALLBACKS.count == before + 4
     none = request("none", custom={"other": 1})
     assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None

@@ -181,7 +181,7 @@ def test_client_quantiles_in_custom_params_or_labels_reach_the_request(plugins_l
         req = scheduled(obj.sampling_params, config)
         assert P.predicted_output_quantiles(req) == (10.0, 20.0, 40.0, 80.0, 160.0)
         # without a point prediction, the point is their median (the level 0.5 here)
-        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction_source(req) == "external"
+        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction(req).source == "external"
         assert req.customized_info["predicted_output_quantiles"] == [[10.0, 20.0, 40.0, 80.0, 160.0]]
     both = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30,
                                                        QUANTILES_PARAM_KEY: "[10, 20, 40, 80, 160]"}}).sampling_params,
@@ -215,7 +215,7 @@ def test_malformed_client_quantiles_are_refused_naming_the_request(plugins_loade
     before = P.FALLBACKS.count
     req = request("bad", custom={QUANTILES_PARAM_KEY: value})
     assert assign_external_prediction(req, SchedulingConfig())
-    assert P.prediction_source(req) == "prior" and P.predicted_output_quantiles(req) is None
+    assert P.prediction(req).source == "prior" and P.predicted_output_quantiles(req) is None
     assert P.FALLBACKS.count == before + 1
 
 
@@ -460,7 +460,7 @@ def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugi
         return req
 
     received = arrive(0)
-    assert (P.predicted_output_len(received), P.prediction_source(received)) == (40.0, "prefill")
+    assert (P.predicted_output_len(received), P.prediction(received).source) == (40.0, "prefill")
     assert P.predicted_output_quantiles(received) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0))
     assert P.predicted_output_quantiles(arrive(1)) is None and P.predicted_output_len(arrive(1)) == 40.0
     use_env(monkeypatch, **{ENV_QUANTILE_LEVELS: "0.1,0.5,0.9"})  # a decode at other levels keeps the point only
