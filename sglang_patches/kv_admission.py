@@ -47,7 +47,6 @@ from specforge_outlets.scheduling import (
     CacheState,
     KVAdmission,
     KVRequest,
-    OutputLengthHistory,
     PeakAdmission,
     create_admission,
 )
@@ -59,9 +58,6 @@ ATTR_PEAK_ROUND = "_outlets_peak_round"
 # The round's chunked request (Scheduler.chunked_req), kept on its PrefillAdder by add_chunked_req
 ATTR_CHUNKED_REQ = "_outlets_chunked_req"
 
-# The output lengths of the requests this scheduler finished (the peak admissions read them)
-HISTORY = OutputLengthHistory()
-
 
 def admission() -> Optional[Admission]:
     """The scheduling core's strategy for the rule the settings ask for, None for SGLang's own estimate."""
@@ -69,7 +65,7 @@ def admission() -> Optional[Admission]:
     if current.kv_admission is KVAdmission.SGLANG or not state.schedule_policy_is_outlets():
         return None
     return create_admission(current.kv_admission, current.scheduling, current.kv_margin, current.kv_quantile,
-                            history=HISTORY)
+                            history=state.PLUGIN.output_lengths)
 
 
 def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
@@ -150,7 +146,7 @@ def filter_batch_before(self, *args, **kwargs):
     """Requests leave a batch when they finish: their output lengths are the peak admissions' history."""
     for req in self.reqs:
         if req.finished():
-            HISTORY.record(len(req.output_ids))
+            state.PLUGIN.output_lengths.record(len(req.output_ids))
     return None
 
 

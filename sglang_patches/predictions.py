@@ -10,12 +10,11 @@ spellings: this module is where they are written) and drops the request's order 
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from sglang_patches import state
 from sglang_patches.customized_info import report
 from sglang_patches.key_tables import drop_order_keys
 from sglang_patches.settings import (
@@ -27,7 +26,6 @@ from sglang_patches.settings import (
 )
 from specforge_outlets.scheduling import LengthPrediction, PredictionSource, SchedulingConfig, remaining_or_prior
 
-logger = logging.getLogger("sglang_patches")
 
 ATTR_RECORD = "outlets_record"  # the one attribute the plugin sets on an SGLang Req: its RequestRecord
 
@@ -51,25 +49,6 @@ def record(req) -> RequestRecord:
         found = RequestRecord()
         setattr(req, ATTR_RECORD, found)
     return found
-
-
-class FallbackCounter:
-    """Counts predictions that failed and fell back to the prior (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def record(self, rid, reason: str, using: str = "the prior") -> int:
-        with self._lock:
-            self.count += 1
-            count = self.count
-        logger.warning("OUTLETS prediction failed for request %s (%s): using %s; failures so far: %d",
-                       rid, reason, using, count)
-        return count
-
-
-FALLBACKS = FallbackCounter()
 
 
 def stamp_arrival(req) -> float:
@@ -145,7 +124,7 @@ def _store(req, made: LengthPrediction) -> None:
 
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
-    FALLBACKS.record(getattr(req, "rid", "?"), reason)
+    state.PLUGIN.fallbacks.record(getattr(req, "rid", "?"), reason)
     set_predicted_output_len(req, config.prior_output_len, PredictionSource.PRIOR)
 
 

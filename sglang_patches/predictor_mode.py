@@ -9,8 +9,8 @@ the OUTLETS draft backbone and length head over the prompt (position j reads the
 at j and the embedding of token j+1; the last prompt position reads the first sampled token) and
 sets r̂_0 on the request; a draft exported with a quantile head (``outlets_config.quantile_levels``)
 gives the quantiles of the output length at the same position (z quantiles from
-``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, in tokens by ``log_remaining_to_tokens``). Any failure
-falls back to the prior (counted, logged); the request is served either way.
+``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, in tokens by
+``log_remaining_to_tokens``). Any failure falls back to the prior (counted, logged); the request is served either way.
 
 Supported targets: models whose SGLang implementation runs ``sglang.srt.models.llama.LlamaModel``
 (the Llama family, e.g. SmolLM2, Llama 3.x). Prefix caching must be off (``--disable-radix-cache``):
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import List, Optional
 
 from specforge_outlets.model.draft_modes import LLAMA_TARGET
@@ -42,9 +41,6 @@ _LLAMA_MODEL = "sglang.srt.models.llama.LlamaModel"
 _WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 _RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 
-_state = threading.local()
-_predictor = None  # OutletsLengthPredictor of this scheduler process
-
 
 # -- model load ----------------------------------------------------------------------------------------
 
@@ -53,7 +49,6 @@ def load_model_after(result, self, *args, **kwargs):
     draft_path = state.settings().draft_path
     if draft_path is None or getattr(self, "is_draft_worker", False):
         return result
-    global _predictor
     from sglang.srt.models.llama import LlamaModel
 
     from specforge_outlets.model.plain_draft import OutletsLengthPredictor
@@ -80,7 +75,7 @@ def load_model_after(result, self, *args, **kwargs):
                             inner.config.hidden_size)
     predictor_ = OutletsLengthPredictor(draft_path, inner.embed_tokens)
     inner.outlets_capture_layers = list(predictor_.fusion_layers)
-    _predictor = predictor_
+    state.PLUGIN.predictor = predictor_
     state.log_startup("predictor")
     return result
 
@@ -102,10 +97,10 @@ def llama_model_forward_around(original, self, input_ids, positions, forward_bat
         try:
             import torch
 
-            _state.capture = torch.cat(list(aux), dim=-1)  # [tokens, 3H] where the target runs, its dtype
+            state.PLUGIN.feature_capture.capture = torch.cat(list(aux), dim=-1)  # [tokens, 3H] where the target runs
         except Exception as error:
             logger.warning("OUTLETS feature capture failed: %s", error)
-            _state.capture = None
+            state.PLUGIN.feature_capture.capture = None
         return hidden
     return output
 
@@ -114,11 +109,12 @@ def llama_model_forward_around(original, self, input_ids, positions, forward_bat
 
 
 def forward_batch_generation_around(original, self, batch, *args, **kwargs):
-    if _predictor is None or batch is None:
+    captured = state.PLUGIN.feature_capture
+    if state.PLUGIN.predictor is None or batch is None:
         return original(self, batch, *args, **kwargs)
-    _state.capture = None
+    captured.capture = None
     result = original(self, batch, *args, **kwargs)
-    capture, _state.capture = getattr(_state, "capture", None), None
+    capture, captured.capture = getattr(captured, "capture", None), None
     try:
         if batch.forward_mode.is_extend():
             predict_batch(batch, capture, getattr(result, "next_token_ids", None))
@@ -188,13 +184,14 @@ def prompt_outputs(fused_features, prompt, first_token):
     read the same state, at the last prompt position reading the first sampled token."""
     import torch
 
-    if _predictor.quantile_head is None:
-        return _predictor.prompt_log_remaining(fused_features, prompt, first_token)
-    device = _predictor.device
+    predictor = state.PLUGIN.predictor
+    if predictor.quantile_head is None:
+        return predictor.prompt_log_remaining(fused_features, prompt, first_token)
+    device = predictor.device
     ids = torch.as_tensor(list(prompt)[1:], dtype=torch.long).to(device, non_blocking=True)
     first = torch.as_tensor(first_token, dtype=torch.long).to(device).reshape(1)
-    state = _predictor.states(fused_features.to(device), torch.cat([ids, first]))[-1:]
-    return torch.cat([_predictor.log_remaining(state), _predictor.log_remaining_quantiles(state)[0]])
+    last = predictor.states(fused_features.to(device), torch.cat([ids, first]))[-1:]
+    return torch.cat([predictor.log_remaining(last), predictor.log_remaining_quantiles(last)[0]])
 
 
 HOOK_TARGETS = [

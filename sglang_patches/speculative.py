@@ -125,7 +125,7 @@ def _fall_back(req, config, reason: str) -> None:
     if P.predicted_output_len(req) is None:
         P.fall_back_to_prior(req, config, reason)
     else:
-        P.FALLBACKS.record(req.rid, reason, using="its last prediction")
+        state.PLUGIN.fallbacks.record(req.rid, reason, using="its last prediction")
 
 
 def attach_estimates(draft, batch, result) -> None:

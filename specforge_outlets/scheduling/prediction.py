@@ -45,7 +45,7 @@ def total_quantiles(values: Sequence[float]) -> Tuple[float, ...]:
 
 @dataclass(frozen=True)
 class LengthPrediction:
-    """A request's predicted total output length (r̂₀, or ``t − 1 + r̂ₜ`` once re-predicted at output length t)."""
+    """A request's predicted total output length (r̂₀, or ``t − 1 + r̂ₜ`` once re-predicted after t tokens)."""
 
     predicted_output_len: float
     source: PredictionSource
