@@ -85,9 +85,13 @@ def set_predicted_output_len(req, value: float, source, quantiles: Optional[Sequ
     """r̂_0: the request's predicted output length, reported as ``predicted_output_len``, and, when the source
     gives them, the quantiles of that length (``predicted_output_quantiles``); a prediction without
     quantiles replaces earlier ones (the request is a point mass at ``value`` again)."""
-    made = LengthPrediction.of_total(value, source, quantiles)
+    _set_first(req, LengthPrediction.of_total(value, source, quantiles), value)
+
+
+def _set_first(req, made: LengthPrediction, reported: float) -> None:
+    """Store r̂_0 and report it (as ``reported``: the number the source gave) and its quantiles."""
     _store(req, made)
-    report(req, META_INFO_KEY, value)
+    report(req, META_INFO_KEY, reported)
     if made.predicted_output_quantiles is not None:
         report(req, QUANTILES_META_KEY, made.predicted_output_quantiles)
 
@@ -107,7 +111,7 @@ def set_predicted_remaining(req, value: float, output_len: int,
     """
     made = LengthPrediction.from_remaining(value, output_len, remaining_quantiles)
     if output_len <= 1:
-        set_predicted_output_len(req, made.predicted_output_len, made.source, made.predicted_output_quantiles)
+        _set_first(req, made, made.predicted_output_len)
         return
     _store(req, made)
     offset = output_len - 1
