@@ -10,7 +10,7 @@ from specforge_outlets.studies import kv_bound_server
 from specforge_outlets.studies.committed_data import REPO, read_eval_record
 from specforge_outlets.studies.label_set_samples import LabelSetSamples
 from specforge_outlets.studies.predictor_ladder import cells
-from specforge_outlets.studies.predictor_cells.rungs import RUNGS
+from specforge_outlets.studies.predictor_ladder.rungs import RUNGS
 from specforge_outlets.studies.sharegpt_serving import MAX_NEW_TOKENS
 
 
