@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
-from specforge_outlets.model.fusion import validate_fusion_layers
+from specforge_outlets.data.fusion_layers import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
     DEFAULT_KV_MARGIN,

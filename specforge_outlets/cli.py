@@ -20,7 +20,7 @@ COMMAND_MODULES = (
     "specforge_outlets.data.capture_command",
     "specforge_outlets.training.train_command",
     "specforge_outlets.training.export_command",
-    "specforge_outlets.training.quantile_refit_command",
+    "specforge_outlets.evaluation.quantile_refit_command",
     "specforge_outlets.evaluation.eval_command",
     "specforge_outlets.simulation.simulate_command",
     "specforge_outlets.simulation.fit_step_time_command",

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from specforge_outlets.cli import main
-from specforge_outlets.serving.metrics import json_safe, percentile, summarize_requests
+from specforge_outlets.serving.metrics import percentile, summarize_requests
+from specforge_outlets.strict_json import json_safe
 
 
 class StubGenerateServer:

@@ -101,6 +101,7 @@ def run(args) -> int:
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
     from specforge_outlets.serving.metrics import parse_goodput
+    from specforge_outlets.serving.summary import summary_rows_table
     from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
 
     _validate(args)
@@ -164,7 +165,7 @@ def run(args) -> int:
     for path in write_outputs(args.output, header, row, records):
         print(f"wrote {path}")
     wandb_report.log_run(args, "bench-serving", args.output, header,
-                         {"summary": wandb_report.summary_rows_table([row])})
+                         {"summary": summary_rows_table([row])})
     failed = [record for record in records if not record.success]
     if failed:
         print(f"WARNING: {len(failed)} of {len(records)} requests failed (first: {failed[0].id}: {failed[0].error}); "
@@ -303,8 +304,8 @@ def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict
 def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:
     """Write every file atomically, summary.json last: an interrupted run leaves the previous results untouched."""
     from specforge_outlets.atomic import write_text_atomic
-    from specforge_outlets.serving.metrics import json_safe
     from specforge_outlets.serving.summary import write_summary
+    from specforge_outlets.strict_json import json_safe
 
     requests = "".join(json.dumps(json_safe(record.to_json()), allow_nan=False) + "\n" for record in records)
     return [write_text_atomic(os.path.join(output_dir, "requests.jsonl"), requests),

@@ -13,7 +13,7 @@ the latency statistics with an **infinite** latency: leaving them out would make
 its slowest requests look fast. So a class's P99 is ``inf`` as soon as about 1% of it failed, and its
 mean is ``inf`` when any request failed; ``failed`` counts them. A failed request's TTFT is infinite
 only if it never produced a first token. In JSON, ``inf`` is written as the string ``"inf"`` and an
-undefined value (an empty class) as ``null`` (:func:`json_safe`, :func:`metric_value`).
+undefined value (an empty class) as ``null`` (``strict_json.json_safe``, :func:`metric_value`).
 
 Queueing delay is reported only when it is known (the simulator); a client cannot observe it, so
 ``queue_*`` keys are absent from measured runs.
@@ -34,7 +34,6 @@ import numpy as np
 # Requests with fewer output tokens than this are "short" (the method's threshold).
 DEFAULT_SHORT_THRESHOLD = 800
 CLASSES = ("all", "short", "long")
-INF_JSON = "inf"
 
 
 # Latencies an SLO can bound, by sglang.bench_serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
@@ -191,24 +190,6 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     cumulative = np.cumsum(weights[order])
     rank = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left"))
     return float(values[order][min(rank, len(values) - 1)])
-
-
-def json_safe(value: Any) -> Any:
-    """A copy that strict JSON can hold: ``inf`` -> ``"inf"``, NaN -> ``null`` (nested dicts/lists)."""
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
-    if isinstance(value, (float, np.floating)):
-        number = float(value)
-        if math.isnan(number):
-            return None
-        if math.isinf(number):
-            return INF_JSON if number > 0 else "-inf"
-        return number
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def metric_value(value: Any) -> float:

@@ -100,6 +100,7 @@ def run(args) -> int:
     from specforge_outlets.errors import OutletsError
     from specforge_outlets.evaluation.predictions_file import read_predictions
     from specforge_outlets.scheduling import SchedulingConfig
+    from specforge_outlets.serving.summary import summary_rows_table
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy, routing_spelling
     from specforge_outlets.simulation.predicted_lengths import PredictorKind, read_file_quantiles
@@ -177,7 +178,7 @@ def run(args) -> int:
     written = write_report(args.output, header, rows)
     for path in written:
         print(f"wrote {path}")
-    wandb_report.log_run(args, "simulate", args.output, header, {"summary": wandb_report.summary_rows_table(rows)},
+    wandb_report.log_run(args, "simulate", args.output, header, {"summary": summary_rows_table(rows)},
                          [path for path in written if path.endswith(".png")])
     return 0
 
