@@ -1,6 +1,6 @@
 """``outlets bench-serving``: drive real servers and summarize them like the simulator does.
 
-SGLang's ``python -m sglang.bench_serving`` generates load and records requests, but it has no trace
+SGLang's ``python -m sglang.benchmark.serving`` generates load and records requests, but it has no trace
 replay at the trace's own arrival times, no short/long breakdown, keeps no ``meta_info`` (the server's
 length prediction) and writes its own metric names. This command sends the same native ``/generate``
 requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
@@ -8,7 +8,7 @@ requests (client.py), schedules them from a dataset at a Poisson rate or from a 
 simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
 simulated ones. Each row also carries ``sglang.bench_serving``'s own result keys and units
 (``sglang_result.py``: ``p99_ttft_ms``, ``median_e2e_latency_ms``, ``output_throughput``,
-``request_goodput``), computed as it computes them.
+``total_throughput``, ``max_concurrent_requests``, ``request_goodput``), computed as it computes them.
 
 Outputs (``--output DIR``): ``requests.jsonl`` (one record per request, failures included),
 ``summary.json``, ``summary.md``. They are written to temporary names and renamed when the run is
@@ -329,8 +329,9 @@ MARKDOWN_COLUMNS = (
 )
 
 
-SGLANG_SUMMARY_KEYS = ("completed", "output_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms",
-                       "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_goodput")
+SGLANG_SUMMARY_KEYS = ("completed", "total_input_tokens", "input_throughput", "output_throughput", "total_throughput",
+                       "max_concurrent_requests", "median_e2e_latency_ms", "p99_e2e_latency_ms", "median_ttft_ms",
+                       "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_goodput")
 
 
 def markdown_summary(header: Dict, row: Dict) -> str:
