@@ -525,7 +525,7 @@ def test_compare_runs_refuses_a_file_that_is_not_a_sglang_result(tmp_path, capsy
     (tmp_path / "other.jsonl").write_text('{"backend": "sglang", "completed": 3}\n')
     assert main(["compare-runs", str(tmp_path / "other.jsonl"), "--output", str(tmp_path / "cmp")]) == 2
     err = capsys.readouterr().err
-    assert "other.jsonl:1: no duration, output_throughput" in err and "not a sglang.bench_serving result" in err
+    assert "other.jsonl:1: no duration, output_throughput" in err and "not a sglang.benchmark.serving result" in err
 
 
 def test_compare_runs_names_a_missing_or_malformed_summary(tmp_path, capsys):

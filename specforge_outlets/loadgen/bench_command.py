@@ -6,7 +6,7 @@ length prediction) and writes its own metric names. This command sends the same 
 requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
 (workload.py), and summarizes them with the simulator's metrics (``serving/metrics.py``) into the
 simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
-simulated ones. Each row also carries ``sglang.bench_serving``'s own result keys and units
+simulated ones. Each row also carries ``sglang.benchmark.serving``'s own result keys and units
 (``sglang_result.py``: ``p99_ttft_ms``, ``median_e2e_latency_ms``, ``output_throughput``,
 ``total_throughput``, ``max_concurrent_requests``, ``request_goodput``), computed as it computes them.
 
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
     parser.add_argument("--short-threshold", type=int, default=800,
                         help="short requests: fewer generated (or, if failed, expected) tokens (default 800)")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                        help="SLO targets in ms by sglang.bench_serving's --goodput names, e.g. ttft:500 tpot:50 "
+                        help="SLO targets in ms by sglang.benchmark.serving's --goodput names, e.g. ttft:500 tpot:50 "
                         "e2el:9000 (e2e is read as e2el): adds slo_attainment and goodput_rps (requests within every "
                         "target per second) per length class, and SGLang's request_goodput")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
@@ -346,7 +346,7 @@ def markdown_summary(header: Dict, row: Dict) -> str:
         ([name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS] for name in CLASSES),
     ))
     failed = metrics["all"]["failed"]
-    lines += ["", "sglang.bench_serving's keys (successful requests only, as it computes them): "
+    lines += ["", "sglang.benchmark.serving's keys (successful requests only, as it computes them): "
               + ", ".join(f"{key} {format_metric(row.get(key), '{:.2f}')}" for key in SGLANG_SUMMARY_KEYS if key in row)]
     lines.append("")
     if failed:

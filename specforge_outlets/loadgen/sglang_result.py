@@ -1,4 +1,4 @@
-"""``sglang.bench_serving``'s result keys: written beside ours, and read back from a stock result file.
+"""``sglang.benchmark.serving``'s result keys: written beside ours, and read back from a stock result file.
 
 SGLang 0.5.23's ``sglang.benchmark.serving`` writes one JSON object per run (appended to its
 ``--output-file``, one line each) with its own names and units: milliseconds (``p99_ttft_ms``,
@@ -11,7 +11,7 @@ over the **successful** requests only (ours count a failure as an infinite laten
 outputs of more than one token, ITL pooled over every request's gaps, goodput with a one-token
 output's TPOT taken as 0, input tokens as the server counted each prompt, and the peak of concurrent
 requests over one-second buckets. ``row_from_sglang`` turns a stock result into a summary row, so that
-``outlets compare-runs`` puts a plain ``sglang.bench_serving`` run beside ours.
+``outlets compare-runs`` puts a plain ``sglang.benchmark.serving`` run beside ours.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")  # SGLang's key stems, each i
 STATISTICS = ("mean", "median", "std", "p90", "p95", "p99")
 # SGLang's --goodput names -> the latency each bounds, in ms as its calculate_goodput observes it
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
-# keys a result line must have to be read as sglang.bench_serving's
+# keys a result line must have to be read as sglang.benchmark.serving's
 REQUIRED = ("completed", "duration", "output_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms")
 # Width of the time buckets SGLang counts concurrent requests in (its max_concurrent_requests).
 CONCURRENCY_BUCKET_S = 1.0
@@ -116,7 +116,7 @@ def _goodput(records, slos_ms: Dict[str, float], duration_s: float) -> Dict[str,
 
 
 def read_sglang_results(path: str) -> List[Dict[str, Any]]:
-    """The result lines of a ``sglang.bench_serving --output-file`` (one run per line), each checked."""
+    """The result lines of a ``sglang.benchmark.serving --output-file`` (one run per line), each checked."""
     results = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -125,14 +125,14 @@ def read_sglang_results(path: str) -> List[Dict[str, Any]]:
             try:
                 result = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise OutletsError(f"{path}:{number}: not JSON ({exc}); give the file sglang.bench_serving "
+                raise OutletsError(f"{path}:{number}: not JSON ({exc}); give the file sglang.benchmark.serving "
                                    "--output-file wrote") from None
             missing = [key for key in REQUIRED if not isinstance(result, dict) or key not in result]
             if missing:
-                raise OutletsError(f"{path}:{number}: no {', '.join(missing)}; not a sglang.bench_serving result")
+                raise OutletsError(f"{path}:{number}: no {', '.join(missing)}; not a sglang.benchmark.serving result")
             results.append(result)
     if not results:
-        raise OutletsError(f"{path}: empty; give the file sglang.bench_serving --output-file wrote")
+        raise OutletsError(f"{path}: empty; give the file sglang.benchmark.serving --output-file wrote")
     return results
 
 
