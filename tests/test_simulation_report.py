@@ -16,7 +16,8 @@ def row(queue: str, rate_scale: float, slowdown: float, outputs=(900, 1000, 50, 
     """A summary row of four requests, their latencies stretched by ``slowdown``."""
     arrivals = np.array([0.0, 0.5, 1.0, 1.5]) * 2 / rate_scale
     metrics = summarize_requests(arrivals, arrivals + 0.1 * slowdown, arrivals + np.array([3.0, 4.0, 1.0, 2.0]) * slowdown,
-                                 np.array(outputs), slo=slo)
+                                 np.array(outputs), queue_delays=np.zeros(4), slo=slo,
+                                 token_gaps=lambda mask: (np.full(int(mask.sum()), 0.02), np.ones(int(mask.sum()))))
     routing, order = queue.split(" + ")
     return {"study": POLICY_STUDY, "routing": routing, "queue": order, "predictor": "noisy", "rate_scale": rate_scale,
             "offered_rps": 2.0 * rate_scale, "metrics": metrics}
@@ -37,6 +38,7 @@ def test_summary_md_prints_a_dash_for_an_empty_class_and_goodput_columns_with_sl
     assert header.endswith("| goodput req/s | SLO attainment | short goodput req/s | short SLO attainment |")
     # 2 of 4 within 2.5 s (the short ones), over a 5 s makespan
     assert with_slo.splitlines()[-1].endswith("| 0.40 | 0.50 | 0.40 | 1.00 |")
+    assert "| – |" not in with_slo  # every class has requests
 
 
 def test_one_load_level_draws_a_bar_per_policy_on_an_axis_from_zero_and_a_goodput_panel():
