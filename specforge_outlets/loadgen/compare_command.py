@@ -12,7 +12,6 @@ requests) stay ``inf``; what a run did not record (SGLang's length classes) read
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -125,24 +124,14 @@ def plot(rows: List[RunRow], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from specforge_outlets.serving.bars import draw_bars
+
     names = [f"{r.run}: {r.label}" for r in rows]
     colours = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(r.run for r in rows))}
     figure, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.5 * len(rows) + 4), 4.5))
     for axis, name in zip(axes, PLOT_METRICS):
-        values = [_value(r, KEYS[name]) for r in rows]
-        finite = [v for v in values if math.isfinite(v)]
-        top = max(finite) if finite else 1.0
-        heights = [v if math.isfinite(v) else (top * 1.05 if math.isinf(v) else 0.0) for v in values]
-        bars = axis.bar(range(len(rows)), heights, color=[colours[r.run] for r in rows])
-        for bar, value in zip(bars, values):
-            if not math.isfinite(value):
-                bar.set_hatch("//")
-                bar.set_alpha(0.4)
-                axis.annotate("inf (failed)" if math.isinf(value) else "n/a", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                              ha="center", va="bottom", fontsize=7)
-        axis.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
+        draw_bars(axis, names, [_value(r, KEYS[name]) for r in rows], [colours[r.run] for r in rows], rotation=60)
         axis.set_title(name)
-        axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
 from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.serving.bars import draw_bars
 from specforge_outlets.serving.summary import write_summary
 from specforge_outlets.serving.metrics import format_metric, metric_value, pipe_table
 from specforge_outlets.simulation.study import POLICY_STUDY, PREDICTOR_STUDY
@@ -118,7 +119,8 @@ def study_figure(rows: List[Dict], series_of: Callable[[Dict], str]):
         values = {name: sorted((row["offered_rps"], _plotted(row, panel)) for row in rows if series_of(row) == name)
                   for name in series}
         if len(loads) == 1:
-            _bars(axis, series, [values[name][0][1] for name in series])
+            draw_bars(axis, series, [values[name][0][1] for name in series],
+                      [f"C{index % 10}" for index in range(len(series))], rotation=30)
             axis.set_xlabel(f"policy at offered load {loads[0]:.2f} requests/s")
         else:
             for index, name in enumerate(series):
@@ -126,9 +128,9 @@ def study_figure(rows: List[Dict], series_of: Callable[[Dict], str]):
                           marker=MARKERS[index % len(MARKERS)], markersize=MARKER_SIZE - MARKER_SHRINK * (index % len(MARKERS)),
                           fillstyle="none", linestyle=LINE_STYLES[index % len(LINE_STYLES)], linewidth=1.2)
             axis.set_xlabel("offered load (requests/s)")
+            axis.grid(alpha=0.3)
         _scale(axis, [y for points in values.values() for _, y in points], panel)
         axis.set_title(panel.title, fontsize=10)
-        axis.grid(alpha=0.3)
     if len(loads) > 1:  # one legend for both panels, under them, over no data
         columns = min(len(series), LEGEND_COLUMNS)
         figure.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=8)
@@ -140,21 +142,6 @@ def study_figure(rows: List[Dict], series_of: Callable[[Dict], str]):
 
 def _plotted(row: Dict, panel: Panel) -> float:
     return metric_value(row["metrics"][panel.metrics_class].get(panel.key))
-
-
-def _bars(axis, names: List[str], heights: List[float]) -> None:
-    """One bar per policy, its value written on it; an undefined or infinite value is a hatched stub."""
-    finite = [height for height in heights if math.isfinite(height)]
-    stub = max(finite) * 1.05 if finite else 1.0
-    bars = axis.bar(range(len(names)), [height if math.isfinite(height) else stub for height in heights],
-                    color=[f"C{index % 10}" for index in range(len(names))])
-    for bar, height in zip(bars, heights):
-        if not math.isfinite(height):
-            bar.set_hatch("//")
-            bar.set_alpha(0.4)
-        axis.annotate(format_metric(height, "{:.3g}"), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                      ha="center", va="bottom", fontsize=7)
-    axis.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
 
 
 def _scale(axis, values: List[float], panel: Panel) -> None:
