@@ -35,7 +35,8 @@ DISTRIBUTION = "specforge-outlets"  # setup.py's name
 # An optional dependency a command imports -> the install that brings it (setup.py's extras).
 INSTALL_FOR_MODULE = {
     "specforge": "SpecForge 0.2.0: pip install 'specforge-outlets[train]' (in a checkout: make install)",
-    "wandb": "wandb: pip install 'specforge-outlets[train]' (in a checkout: make install)",
+    "wandb": "wandb: pip install wandb (both the train and the serve extra bring it; in a checkout: make install, "
+             "make serve-env)",
     "sglang": "SGLang 0.5.23, in its own environment: pip install 'specforge-outlets[serve]' (in a checkout: make serve-env)",
     "gguf": "gguf: pip install 'specforge-outlets[data]' (in a checkout: make install)",
 }
