@@ -19,7 +19,7 @@ Queueing delay is reported only when it is known (the simulator); a client canno
 ``queue_*`` keys are absent from measured runs.
 
 Inter-token latency (``itl_*``) pools the gaps between consecutive tokens of every request of a
-class, as ``sglang.bench_serving`` does; it is given as weighted gaps (a value and how often it
+class, as ``sglang.benchmark.serving`` does; it is given as weighted gaps (a value and how often it
 occurs), because the simulator knows them per decode segment, not per token. Its percentiles are
 the smallest gap with at least that share of the weight at or below it.
 """
@@ -36,7 +36,7 @@ DEFAULT_SHORT_THRESHOLD = 800
 CLASSES = ("all", "short", "long")
 
 
-# Latencies an SLO can bound, by sglang.bench_serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
+# Latencies an SLO can bound, by sglang.benchmark.serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
 # ``e2e``, this project's earlier name for ``e2el``, is still read. SLO name -> the latency it bounds.
 SLO_LATENCIES = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
 SLO_METRICS = tuple(SLO_LATENCIES)
@@ -102,7 +102,7 @@ def summarize_requests(
     e2e = np.where(ok, finish - arrival, np.inf)
     ttft = first_token - arrival
     ttft = np.where(np.isnan(ttft), np.inf, ttft)  # never produced a token
-    # Time per output token after the first, as sglang.bench_serving reports it; undefined (NaN, left out
+    # Time per output token after the first, as sglang.benchmark.serving reports it; undefined (NaN, left out
     # of its statistics) for one-token outputs, infinite for a failed request.
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(ok, np.where(outputs > 1, (e2e - ttft) / (outputs - 1), np.nan), np.inf)

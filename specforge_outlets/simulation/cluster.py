@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.resources import resolve_recipe, where_recipes_are
 from specforge_outlets.scheduling import (
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
@@ -209,9 +210,10 @@ def _number(source: str, name: str, value: Any, positive: bool) -> float:
 
 
 def load_cluster_config(path: str) -> ClusterConfig:
-    """Read a cluster YAML file."""
+    """Read a cluster YAML file, or a shipped one by name (``cluster-h100-1p3d``)."""
+    path = resolve_recipe(path)
     if not os.path.isfile(path):
-        raise OutletsError(f"cluster config {path}: no such file")
+        raise OutletsError(f"cluster config {path}: no such file; {where_recipes_are()}")
     with open(path, encoding="utf-8") as handle:
         try:
             values = yaml.safe_load(handle) or {}

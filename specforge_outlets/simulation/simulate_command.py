@@ -64,7 +64,7 @@ def register(subparsers) -> None:
                         help="routing of the controlled study (default least-predicted-work)")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                        help="SLO targets in ms by sglang.bench_serving's --goodput names, e.g. ttft:500 tpot:50 e2el:9000 "
+                        help="SLO targets in ms by sglang.benchmark.serving's --goodput names, e.g. ttft:500 tpot:50 e2el:9000 "
                         "(e2e is read as e2el): adds slo_attainment "
                         "and goodput_rps (requests within every target per second) per length class")
     parser.add_argument("--prior-output-len", type=float, default=DEFAULT_PRIOR_OUTPUT_LEN,
