@@ -32,7 +32,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("evaluation",),
     ("serving",),
     ("simulation",),
-    ("loadgen", "demo"),
+    ("loadgen", "demo", "recipes_command"),
     ("cli",),
     ("studies",),
 )
