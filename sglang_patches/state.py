@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, Iterable, List, Optional
 
-from sglang_patches.settings import (
-    KV_MARGIN_READERS, KV_QUANTILE_READERS, POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings,
-)
+from sglang_patches.settings import POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings
+from specforge_outlets.scheduling import rule_knobs
 
 logger = logging.getLogger("sglang_patches")
 
@@ -228,11 +227,8 @@ def log_startup(where: str) -> None:
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
-    kv = current.kv_admission.value
-    if current.kv_admission in KV_MARGIN_READERS:
-        kv += f" (kv_margin={current.kv_margin:g})"
-    elif current.kv_admission in KV_QUANTILE_READERS:
-        kv += f" (kv_quantile={current.kv_quantile:g})"
+    kv = current.kv_admission.value + "".join(f" ({knob.name}={getattr(current, knob.name):g})"
+                                               for knob in rule_knobs(current.kv_admission))
     long_class = "" if config.long_class_quantile is None else f", long_class_quantile={config.long_class_quantile:g}"
     logger.info(
         "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g, "

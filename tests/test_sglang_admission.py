@@ -254,13 +254,18 @@ class Recorder:
         monkeypatch.setattr(EngineInstance, "_make_room", recorded_make_room)
 
 
+def margin_read_by(rule: str) -> dict:
+    """The cluster's kv_margin where the rule reads it (the plugin's and the simulator's check refuses it elsewhere)."""
+    return {"kv_margin": KV_MARGIN} if rule == "predicted" else {}
+
+
 def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optional[list] = None,
                          admission: str = "predicted"):
     """The simulator on ``trace``: SGLang's admission, or with ``predictions`` (known on arrival) the plugin's."""
+    rule = "sglang" if predictions is None else admission
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
                                         "max_new_tokens": MAX_NEW_TOKENS, "chunked_prefill_size": 8192,
-                                        "kv_admission": "sglang" if predictions is None else admission,
-                                        "kv_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
+                                        "kv_admission": rule, **margin_read_by(rule), "predict_at": "arrival"}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy(queue))
     return Simulation(trace, predictions or [None] * len(trace), cluster, policy, SchedulingConfig()).run()
 
@@ -390,7 +395,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
 
     cluster = cluster_config_from_dict({"mode": mode, "instances": 1, "decode_instances": 1,
                                         "kv_capacity_tokens": capacity, "max_new_tokens": 1, "kv_admission": admission,
-                                        "kv_margin": KV_MARGIN}, "test")
+                                        **margin_read_by(admission)}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy(queue)),
                         SchedulingConfig()).engines[0]
