@@ -386,7 +386,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
                     admission: str = "sglang", queue: str = "fcfs", mode: str = "colocated") -> EngineInstance:
     """A simulated instance (``mode`` disaggregated: a decode instance) holding ``running`` (each ``max_new`` its
     asked max_new_tokens) with ``waiting`` queued."""
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     cluster = cluster_config_from_dict({"mode": mode, "instances": 1, "decode_instances": 1,
                                         "kv_capacity_tokens": capacity, "max_new_tokens": 1, "kv_admission": admission,

@@ -23,7 +23,8 @@ pytest.importorskip("sglang", reason="SGLang tests run in the serve environment 
 from specforge_outlets.scheduling import NUM_RESERVED_DECODE_TOKENS, SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
-from specforge_outlets.simulation.engine import EngineInstance, Policy, SimRequest, Simulation  # noqa: E402
+from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.request import SimRequest  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from tests.test_sglang_admission import (  # noqa: E402,F401
     CAPACITY,

@@ -430,7 +430,7 @@ def test_a_predicted_reservation_is_never_above_the_full_one(unit_steps):
 
 
 def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retraction_limit():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(max_retractions=2))
@@ -452,7 +452,7 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 
 # --- dynamic predictions (a predictor that re-predicts as tokens come, as EAGLE-3 mode does) ------------
 def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
     assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
@@ -486,7 +486,7 @@ def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps)
 
 
 def test_retraction_reads_the_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(), trajectories=[None] * 3)
@@ -663,7 +663,7 @@ def test_sglangs_orders_leave_a_disaggregated_decode_queue_fcfs(unit_steps, queu
 
 
 def test_a_retracted_request_waits_with_its_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.SJF),
                      SchedulingConfig(), trajectories=[None] * 3)
