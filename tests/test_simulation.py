@@ -376,9 +376,9 @@ def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
 @pytest.fixture
 def overflow_check(monkeypatch):
     """Records every segment (decode run or mixed step) whose steps would take more cache than there is."""
-    from specforge_outlets.simulation.engine import EngineInstance
+    from specforge_outlets.simulation.schedulers import Scheduler
 
-    original = EngineInstance._start_segment
+    original = Scheduler._start_segment
     overflows = []
 
     def checked(self, now):
@@ -387,7 +387,7 @@ def overflow_check(monkeypatch):
             used = self._kv_in_use() + len(self.running) * self.segment_steps
             overflows.extend([used - self.capacity] if used > self.capacity else [])
 
-    monkeypatch.setattr(EngineInstance, "_start_segment", checked)
+    monkeypatch.setattr(Scheduler, "_start_segment", checked)
     return overflows
 
 
