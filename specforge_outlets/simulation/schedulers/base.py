@@ -22,6 +22,7 @@ from specforge_outlets.simulation.sglang_peers import AnyQueuePolicy, create_que
 if TYPE_CHECKING:
     from specforge_outlets.simulation.engine import Simulation
 
+
 class Scheduler(SegmentLoop):
     """One instance of an engine: a colocated one (every admitted request prefills, in chunks, before it decodes)
     unless a subclass places requests otherwise (:class:`~.decode_instance.DecodeInstance`)."""

@@ -11,8 +11,9 @@ decodes a token too), or for an engine that runs prefill batches alone, one that
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, List, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Tuple
 
+from specforge_outlets.simulation.hardware import StepTimeModel
 from specforge_outlets.simulation.request import SimRequest
 
 if TYPE_CHECKING:
@@ -26,8 +27,14 @@ class SegmentLoop(ABC):
     """Runs an instance's steps segment by segment; the scheduler (:class:`~.base.Scheduler`) holds the batch
     (``running``, ``prefilling``, ``steps_done``, ``kv_tokens``) and decides at every step boundary."""
 
+    # the scheduler's, read here
     sim: "Simulation"
     engine_id: int
+    model: StepTimeModel
+    running: Dict[int, SimRequest]
+    prefilling: Deque[SimRequest]
+    steps_done: int
+    kv_tokens: int
 
     def __init__(self, chunk_size: int) -> None:
         self.chunk_size = chunk_size  # prompt tokens per step (and per recomputation)
