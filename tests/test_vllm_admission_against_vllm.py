@@ -65,7 +65,8 @@ def record_simulator(monkeypatch, trace: Trace):
     admitted: List[str] = []
     preempted: List[str] = []
     schedule, enqueue = VLLMScheduler._schedule, VLLMScheduler.enqueue
-    take_head, retract, preempt_prefill = VLLMScheduler._take_head, VLLMScheduler._retract, VLLMScheduler._preempt_prefill
+    take_head, retract = VLLMScheduler._take_head, VLLMScheduler._retract
+    preempt_prefill = VLLMScheduler._preempt_prefill
 
     def recorded_schedule(engine, now):
         admitted.clear()

@@ -5,8 +5,8 @@ segments ending. Each instance that decodes runs the scheduler of its engine mod
 (:mod:`specforge_outlets.simulation.schedulers`: SGLang colocated, SGLang's disaggregated decode, vLLM,
 or the reference reservation), chosen from the cluster config; they share one event loop of decode
 segments (:mod:`~specforge_outlets.simulation.schedulers.segments`), so the cost is per event, never
-per token. Disaggregated prefill instances are :mod:`~specforge_outlets.simulation.prefill`'s. Each request causes a bounded number of
-events (arrival, prefill, transfer, admission cut, finish), so a run costs
+per token. Disaggregated prefill instances are :mod:`~specforge_outlets.simulation.prefill`'s. Each
+request causes a bounded number of events (arrival, prefill, transfer, admission cut, finish), so a run costs
 O(events * log(events)) plus, for least-predicted-work and power-of-two routing only, one pass over
 the running requests of every candidate instance per routing decision, or per load poll for a
 router that polls (power-of-two with ``load_poll_interval_s`` > 0: one event per interval while the
