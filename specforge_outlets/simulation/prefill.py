@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import List
 
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.sglang_peers import create_queue
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class PrefillInstance:
     """Disaggregated prefill: batches prompts in queue order up to ``max_prefill_tokens``."""
 
-    def __init__(self, sim: "Simulation") -> None:
+    def __init__(self, sim: ClusterRun) -> None:
         self.sim = sim
         self.queue = create_queue(sim.policy.queue, sim.scheduling, sim.cluster.max_new_tokens)
         self.batch: List[SimRequest] = []

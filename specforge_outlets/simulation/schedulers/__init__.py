@@ -13,18 +13,16 @@ admission strategies (``scheduling.kv_admission``) at its own rounds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Tuple, Type
+from typing import Dict, Tuple, Type
 
 from specforge_outlets.scheduling import CHARGE_ADMISSIONS, VLLM_ADMISSIONS, KVAdmission
 from specforge_outlets.simulation.cluster import ClusterMode
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.schedulers.base import Scheduler
 from specforge_outlets.simulation.schedulers.reservation import ReservationDecodeScheduler, ReservationScheduler
 from specforge_outlets.simulation.schedulers.sglang_colocated import SGLangColocatedScheduler
 from specforge_outlets.simulation.schedulers.sglang_decode import SGLangDecodeScheduler
 from specforge_outlets.simulation.schedulers.vllm import VLLMScheduler
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 # the engine model of each (mode, kv_admission) the simulator runs; the others are refused by
 # cluster.check_kv_admission (peak and vLLM's admissions on disaggregated decode instances)
@@ -38,7 +36,7 @@ SCHEDULERS: Dict[Tuple[ClusterMode, KVAdmission], Type[Scheduler]] = {
 }
 
 
-def create_scheduler(sim: "Simulation", engine_id: int) -> Scheduler:
+def create_scheduler(sim: ClusterRun, engine_id: int) -> Scheduler:
     """The scheduler of one instance that decodes (colocated, or a disaggregated decode instance)."""
     return SCHEDULERS[sim.cluster.mode, sim.cluster.kv_admission](sim, engine_id)
 

@@ -12,22 +12,20 @@ from __future__ import annotations
 import heapq
 from abc import abstractmethod
 from collections import deque
-from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from specforge_outlets.scheduling import KVRequest, RankLoad, predicted_remaining, rank_load, retraction_order_key
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.segments import SegmentLoop
 from specforge_outlets.simulation.sglang_peers import AnyQueuePolicy, create_queue
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class Scheduler(SegmentLoop):
     """One instance of an engine: a colocated one (every admitted request prefills, in chunks, before it decodes)
     unless a subclass places requests otherwise (:class:`~.decode_instance.DecodeInstance`)."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim.cluster.chunked_prefill_size)
         self.sim = sim
         self.engine_id = engine_id

@@ -13,15 +13,13 @@ without sampling a token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from specforge_outlets.scheduling import KVAdmission, KVRequest, create_admission
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.base import Scheduler
 from specforge_outlets.simulation.schedulers.decode_instance import DecodeInstance
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class FullReservation:
@@ -37,7 +35,7 @@ class PredictedReservation:
     """The plugin's charge as a reservation, capped by the cluster's max_new_tokens (not the request's); the full
     one for a request not predicted, or retracted."""
 
-    def __init__(self, sim: "Simulation") -> None:
+    def __init__(self, sim: ClusterRun) -> None:
         cluster = sim.cluster
         self.admission = create_admission(cluster.kv_admission, sim.scheduling, cluster.kv_margin, cluster.kv_quantile)
         self.max_new_tokens = cluster.max_new_tokens
@@ -57,7 +55,7 @@ class PredictedReservation:
 class ReservationScheduler(Scheduler):
     """A colocated instance with chunked prefill (mixed steps) under a per-request reservation."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim, engine_id)
         self.sizing = FullReservation() if sim.cluster.kv_admission is KVAdmission.MAX_NEW_TOKENS else (
             PredictedReservation(sim))

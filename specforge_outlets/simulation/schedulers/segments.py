@@ -11,13 +11,11 @@ decodes a token too), or for an engine that runs prefill batches alone, one that
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Deque, Dict, List, Tuple
+from typing import Deque, Dict, List, Tuple
 
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.hardware import StepTimeModel
 from specforge_outlets.simulation.request import SimRequest
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 # Float slack when deciding whether an arrival falls exactly on a step boundary.
 BOUNDARY_TOLERANCE_S = 1e-9
@@ -28,7 +26,7 @@ class SegmentLoop(ABC):
     (``running``, ``prefilling``, ``steps_done``, ``kv_tokens``) and decides at every step boundary."""
 
     # the scheduler's, read here
-    sim: "Simulation"
+    sim: ClusterRun
     engine_id: int
     model: StepTimeModel
     running: Dict[int, SimRequest]

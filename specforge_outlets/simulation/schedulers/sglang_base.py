@@ -9,22 +9,19 @@ the plugin's order runs (it hooks the retraction order too: ``retraction_order_k
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from specforge_outlets.scheduling import KVRequest, QueuePolicy
 from specforge_outlets.simulation import sglang_admission
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.base import Scheduler
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class SGLangScheduler(Scheduler):
     """An SGLang instance, colocated (:class:`~.sglang_colocated.SGLangColocatedScheduler`) or disaggregated decode
     (:class:`~.sglang_decode.SGLangDecodeScheduler`)."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim, engine_id)
         cluster = sim.cluster
         self.new_token_ratio = sglang_admission.NewTokenRatio.tuned(

@@ -13,20 +13,17 @@ before a decode step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from specforge_outlets.scheduling import CacheState, OutputLengthHistory, create_admission
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.sglang_base import SGLangScheduler
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class SGLangColocatedScheduler(SGLangScheduler):
     """SGLang's scheduler on a colocated instance, under its own admission or the plugin's."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim, engine_id)
         cluster = sim.cluster
         self.history = OutputLengthHistory()  # the output lengths of the requests that finished here (peak's)

@@ -9,21 +9,19 @@ the order retracted, before any transferred prompt is admitted.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Deque, List
+from typing import Deque, List
 
 from specforge_outlets.scheduling import CacheState, KVAdmission, KVRequest, create_admission
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.decode_instance import DecodeInstance
 from specforge_outlets.simulation.schedulers.sglang_base import SGLangScheduler
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class SGLangDecodeScheduler(DecodeInstance, SGLangScheduler):
     """SGLang's scheduler on a disaggregated decode instance, under its own admission (``kv_admission: sglang``)."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim, engine_id)
         self.admission = create_admission(KVAdmission.SGLANG, sim.scheduling, decode_only=True)
         self.retracted: Deque[SimRequest] = deque()  # SGLang's retracted_queue, in the order retracted

@@ -12,21 +12,18 @@ and its recomputation's last position samples its next token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from specforge_outlets.scheduling import CacheState, create_admission
 from specforge_outlets.simulation import vllm_admission
+from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.base import Scheduler
-
-if TYPE_CHECKING:
-    from specforge_outlets.simulation.engine import Simulation
 
 
 class VLLMScheduler(Scheduler):
     """vLLM's ``Scheduler`` with the block rules of the version the cluster names."""
 
-    def __init__(self, sim: "Simulation", engine_id: int) -> None:
+    def __init__(self, sim: ClusterRun, engine_id: int) -> None:
         super().__init__(sim, engine_id)
         cluster = sim.cluster
         self.rules = vllm_admission.RULES[cluster.kv_admission]
