@@ -379,9 +379,9 @@ def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
 @pytest.fixture
 def overflow_check(monkeypatch):
     """Records every segment (decode run or mixed step) whose steps would take more cache than there is."""
-    from specforge_outlets.simulation.engine import EngineInstance
+    from specforge_outlets.simulation.schedulers import Scheduler
 
-    original = EngineInstance._start_segment
+    original = Scheduler._start_segment
     overflows = []
 
     def checked(self, now):
@@ -390,7 +390,7 @@ def overflow_check(monkeypatch):
             used = self._kv_in_use() + len(self.running) * self.segment_steps
             overflows.extend([used - self.capacity] if used > self.capacity else [])
 
-    monkeypatch.setattr(EngineInstance, "_start_segment", checked)
+    monkeypatch.setattr(Scheduler, "_start_segment", checked)
     return overflows
 
 
@@ -433,7 +433,7 @@ def test_a_predicted_reservation_is_never_above_the_full_one(unit_steps):
 
 
 def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retraction_limit():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(max_retractions=2))
@@ -455,7 +455,7 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 
 # --- dynamic predictions (a predictor that re-predicts as tokens come, as EAGLE-3 mode does) ------------
 def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
     assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
@@ -490,7 +490,7 @@ def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps)
 
 
 def test_retraction_reads_the_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(), trajectories=[None] * 3)
@@ -667,7 +667,7 @@ def test_sglangs_orders_leave_a_disaggregated_decode_queue_fcfs(unit_steps, queu
 
 
 def test_a_retracted_request_waits_with_its_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.SJF),
                      SchedulingConfig(), trajectories=[None] * 3)
