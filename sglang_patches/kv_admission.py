@@ -53,7 +53,10 @@ from specforge_outlets.scheduling import (
 
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
-# The peak round of an admission round, kept on its PrefillAdder (a new adder per round)
+# The strategy of an admission round (or None: SGLang's own estimate), built at the round's first hook call and
+# kept on its PrefillAdder (a new adder per round), which asks once per running request and per candidate
+ATTR_ADMISSION = "_outlets_admission"
+# The peak round of an admission round, kept on its PrefillAdder
 ATTR_PEAK_ROUND = "_outlets_peak_round"
 # The round's chunked request (Scheduler.chunked_req), kept on its PrefillAdder by add_chunked_req
 ATTR_CHUNKED_REQ = "_outlets_chunked_req"
@@ -66,6 +69,13 @@ def admission() -> Optional[Admission]:
         return None
     return create_admission(current.kv_admission, current.scheduling, current.kv_margin, current.kv_quantile,
                             history=state.PLUGIN.output_lengths)
+
+
+def round_admission(adder) -> Optional[Admission]:
+    """:func:`admission` for the round of this ``PrefillAdder``, built once per round."""
+    if not hasattr(adder, ATTR_ADMISSION):
+        setattr(adder, ATTR_ADMISSION, admission())
+    return getattr(adder, ATTR_ADMISSION)
 
 
 def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
@@ -110,7 +120,7 @@ def add_chunked_req_before(self, req, *args, **kwargs):
 
 def running_token_offset_around(original, self, req):
     """A running request is charged the strategy's output budget (the peak's: nothing ahead)."""
-    rule = admission()
+    rule = round_admission(self)
     budget = None if rule is None else rule.output_budget(kv_request(req))
     return original(self, req) if budget is None else budget
 
@@ -118,7 +128,7 @@ def running_token_offset_around(original, self, req):
 def add_one_req_around(original, self, req, *args, **kwargs):
     """A request being admitted is charged the strategy's output budget; under the peak rule it is refused
     (``NO_TOKEN``, as when SGLang's own arithmetic finds no room) when the future peak with it would not fit."""
-    rule = admission()
+    rule = round_admission(self)
     budget = None if rule is None else rule.output_budget(kv_request(req))
     if budget is None:
         return original(self, req, *args, **kwargs)

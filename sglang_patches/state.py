@@ -17,10 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set
 
-from sglang_patches.settings import (
-    KV_MARGIN_READERS, KV_QUANTILE_READERS, POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings,
-)
-from specforge_outlets.scheduling import OutputLengthHistory, SchedulingConfig
+from sglang_patches.settings import POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings
+from specforge_outlets.scheduling import OutputLengthHistory, SchedulingConfig, rule_knobs
 
 logger = logging.getLogger("sglang_patches")
 
@@ -83,6 +81,7 @@ SPECULATIVE = "EAGLE-3 mode (an outlets export as --speculative-draft-model-path
 # The SGLang releases these hook targets were written for and the serve tests run against
 # (requirements/serve-cpu.txt pins the newest); private methods among them move between releases.
 TESTED_SGLANG_VERSIONS = ("0.5.23",)
+
 
 def record_target(target: str, features: Iterable[str]) -> None:
     """Note a target the registry registered and the features that need it."""
@@ -265,11 +264,8 @@ def log_startup(where: str) -> None:
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
-    kv = current.kv_admission.value
-    if current.kv_admission in KV_MARGIN_READERS:
-        kv += f" (kv_margin={current.kv_margin:g})"
-    elif current.kv_admission in KV_QUANTILE_READERS:
-        kv += f" (kv_quantile={current.kv_quantile:g})"
+    kv = current.kv_admission.value + "".join(f" ({knob.name}={getattr(current, knob.name):g})"
+                                               for knob in rule_knobs(current.kv_admission))
     long_class = "" if config.long_class_quantile is None else f", long_class_quantile={config.long_class_quantile:g}"
     logger.info(
         "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g, "

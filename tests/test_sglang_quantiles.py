@@ -355,15 +355,18 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
     margin_charge = predicted_output_budget(300.0, 100, 0.2, 3900, config)
     assert offset(adder, running) == offset(adder, point) == margin_charge == 240  # the charge: (300 - 100) x 1.2
     use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.9"})
+    adder = SimpleNamespace(new_token_ratio=0.5)  # a new round: the strategy is kept on its PrefillAdder
     expected = quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.9, 3900)
     assert offset(adder, running) == expected and expected > 600  # the wide distribution's upper tail
     assert offset(adder, point) == 200  # no quantiles: a point mass, its remaining without a margin
     assert offset(adder, request("unknown", None, generated=100)) == 0.5 * 3900  # no prediction: SGLang's
     use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.5"})
+    adder = SimpleNamespace(new_token_ratio=0.5)
     assert offset(adder, running) == quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.5, 3900)
     capped = request("capped", 300.0, wide, generated=100)
     capped.sampling_params.max_new_tokens = 150
     use_env(monkeypatch, **{ENV_KV_QUANTILE: "0.9"})
+    adder = SimpleNamespace(new_token_ratio=0.5)
     assert offset(adder, capped) == 50  # at most what is left of max_new_tokens
 
     seen = []
@@ -372,7 +375,7 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
         seen.append(req.sampling_params.max_new_tokens)
 
     waiting = request("waiting", 300.0, wide)
-    kv_admission.add_one_req_around(original, None, waiting, False, None)
+    kv_admission.add_one_req_around(original, adder, waiting, False, None)
     assert seen == [quantile_output_budget(LengthDistribution(LEVELS, wide), 0, 0.9, 4000)]
     assert waiting.sampling_params.max_new_tokens == 4000
 
