@@ -47,7 +47,6 @@ from specforge_outlets.scheduling import (
     CacheState,
     KVAdmission,
     KVRequest,
-    OutputLengthHistory,
     PeakAdmission,
     create_admission,
 )
@@ -62,9 +61,6 @@ ATTR_PEAK_ROUND = "_outlets_peak_round"
 # The round's chunked request (Scheduler.chunked_req), kept on its PrefillAdder by add_chunked_req
 ATTR_CHUNKED_REQ = "_outlets_chunked_req"
 
-# The output lengths of the requests this scheduler finished (the peak admissions read them)
-HISTORY = OutputLengthHistory()
-
 
 def admission() -> Optional[Admission]:
     """The scheduling core's strategy for the rule the settings ask for, None for SGLang's own estimate."""
@@ -72,7 +68,7 @@ def admission() -> Optional[Admission]:
     if current.kv_admission is KVAdmission.SGLANG or not state.schedule_policy_is_outlets():
         return None
     return create_admission(current.kv_admission, current.scheduling, current.kv_margin, current.kv_quantile,
-                            history=HISTORY)
+                            history=state.PLUGIN.output_lengths)
 
 
 def round_admission(adder) -> Optional[Admission]:
@@ -86,8 +82,8 @@ def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
     """What the scheduling core's admission reads from an SGLang ``Req`` holding ``held`` KV tokens,
     whose prefill adds ``extend``."""
     params = req.sampling_params
-    return KVRequest(extend, P.num_generated(req), params.max_new_tokens, P.predicted_output_len(req),
-                     P.predicted_output_quantiles(req), bool(getattr(params, "ignore_eos", False)), held)
+    return KVRequest.from_prediction(P.prediction(req), extend, P.num_generated(req), params.max_new_tokens,
+                                     bool(getattr(params, "ignore_eos", False)), held)
 
 
 def running_kv_request(req) -> KVRequest:
@@ -160,7 +156,7 @@ def filter_batch_before(self, *args, **kwargs):
     """Requests leave a batch when they finish: their output lengths are the peak admissions' history."""
     for req in self.reqs:
         if req.finished():
-            HISTORY.record(len(req.output_ids))
+            state.PLUGIN.output_lengths.record(len(req.output_ids))
     return None
 
 

@@ -91,7 +91,7 @@ def sglang_req(held: Held):
     req.retraction_count = held.retractions
     from sglang_patches import predictions
 
-    setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
+    predictions.record(req).arrival = held.arrival
     if held.predicted_output_len is not None:
         predictions.set_predicted_output_len(req, held.predicted_output_len, "external")
     return req
@@ -121,7 +121,7 @@ def plugin_hooks(monkeypatch, settings: dict):
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     state.reset_settings()
-    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())  # nor lengths another test's batches recorded
+    monkeypatch.setattr(state.PLUGIN, "output_lengths", OutputLengthHistory())  # nor another test's lengths
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     # SGLang's own functions, unwrapped where another test applied the plugin's registry for good
     # (its hooks would then run twice, and the peak round's bookkeeping count each request twice)
@@ -354,7 +354,7 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
                                                          plugin_peak_admission, monkeypatch):
     """The peak's gate in ``add_one_req`` (and its zero charges) on SGLang's rounds, with the output lengths the
     simulated instance had seen finish as the plugin's history; every retraction as SGLang's with the plugin's order."""
-    from sglang_patches import kv_admission
+    from sglang_patches import state
 
     recorder = Recorder(monkeypatch)
     result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions, "peak")
@@ -367,7 +367,7 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
         history = OutputLengthHistory()
         for length in lengths:
             history.record(length)
-        monkeypatch.setattr(kv_admission, "HISTORY", history)
+        monkeypatch.setattr(state.PLUGIN, "output_lengths", history)
         assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, lengths)
     for running, gone, ratio in recorder.retractions:
         expected, expected_ratio = sglang_retraction(sglang_pools, running)
@@ -375,14 +375,14 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
 
 
 def test_the_plugin_records_the_output_lengths_of_requests_leaving_their_batch(plugin_peak_admission, monkeypatch):
-    from sglang_patches import kv_admission
+    from sglang_patches import kv_admission, state
 
-    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())
+    monkeypatch.setattr(state.PLUGIN, "output_lengths", OutputLengthHistory())
     done, running = sglang_req(Held("a", 10, 7, 100)), sglang_req(Held("b", 10, 3, 100))
     done.finished = lambda: True
     running.finished = lambda: False
     kv_admission.filter_batch_before(type("Batch", (), {"reqs": [done, running]})())
-    assert list(kv_admission.HISTORY) == [7]
+    assert list(state.PLUGIN.output_lengths) == [7]
 
 
 # --- states at the edges: a token either way of each decision ------------------------------------

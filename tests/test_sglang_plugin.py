@@ -230,7 +230,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
-        table = key_tables.KEY_TABLES[config]
+        table = state.PLUGIN.key_tables[config]
         longest = max(map(len, (table.sjf, table.long, table.merge, table.arrival)))
         assert longest <= len(queue) + key_tables.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
@@ -286,12 +286,12 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
     ok = request("ok", custom={"outlets_predicted_output_len": 12})
     assert assign_external_prediction(ok, config) and P.predicted_output_len(ok) == 12.0
     assert ok.customized_info == {"predicted_output_len": [12.0]}
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     for bad in ("x", float("nan"), -1, True):
         req = request("bad", custom={"outlets_predicted_output_len": bad})
         assert assign_external_prediction(req, config)
-        assert P.predicted_output_len(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
-    assert P.FALLBACKS.count == before + 4
+        assert P.predicted_output_len(req) == config.prior_output_len and P.prediction(req).source == "prior"
+    assert state.PLUGIN.fallbacks.count == before + 4
     none = request("none", custom={"other": 1})
     assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None
 
@@ -392,11 +392,11 @@ def test_a_step_without_new_tokens_a_finished_request_or_a_clients_prediction_ke
     for req, value in ((done, 50.0), (bad, 60.0)):
         P.set_predicted_output_len(req, value, "draft")
     done.finished = lambda: True
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     step_estimates([chunked, done, bad, client], [10.0, 10.0, float("inf"), 10.0], new_tokens=[0, 1, 1, 1])
     assert P.predicted_output_len(chunked) is None  # a prefill chunk with more to come: no token, no estimate
     assert [P.predicted_output_len(req) for req in (done, bad, client)] == [50.0, 60.0, 80.0]
-    assert P.FALLBACKS.count == before + 1  # the non-finite estimate, counted and logged
+    assert state.PLUGIN.fallbacks.count == before + 1  # the non-finite estimate, counted and logged
 
 
 def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded):
@@ -416,9 +416,9 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
     assert P.predicted_output_len(running) == 70.0
     assert result.logits_output.auxiliary_device_output is None
     worker.speculative_num_steps = 0  # drafting off at this batch size: the states may be stubs, nothing is read
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     assert speculative.forward_batch_generation_around(lambda self, b: result, worker, batch) is result
-    assert P.FALLBACKS.count == before
+    assert state.PLUGIN.fallbacks.count == before
 
 
 def test_a_token_aligned_value_slices_like_the_per_token_list_it_stands_for():

@@ -181,7 +181,7 @@ def test_client_quantiles_in_custom_params_or_labels_reach_the_request(plugins_l
         req = scheduled(obj.sampling_params, config)
         assert P.predicted_output_quantiles(req) == (10.0, 20.0, 40.0, 80.0, 160.0)
         # without a point prediction, the point is their median (the level 0.5 here)
-        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction_source(req) == "external"
+        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction(req).source == "external"
         assert req.customized_info["predicted_output_quantiles"] == [[10.0, 20.0, 40.0, 80.0, 160.0]]
     both = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30,
                                                        QUANTILES_PARAM_KEY: "[10, 20, 40, 80, 160]"}}).sampling_params,
@@ -212,11 +212,11 @@ def test_malformed_client_quantiles_are_refused_naming_the_request(plugins_loade
     with pytest.raises(ValueError, match="request b: "):
         generate_input([{}, {"custom_params": {QUANTILES_PARAM_KEY: value}}], text=["x", "y"], rid=["a", "b"])
     # a scheduler that gets one anyway (no tokenizer check in front of it) falls back to the prior, counted
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     req = request("bad", custom={QUANTILES_PARAM_KEY: value})
     assert assign_external_prediction(req, SchedulingConfig())
-    assert P.prediction_source(req) == "prior" and P.predicted_output_quantiles(req) is None
-    assert P.FALLBACKS.count == before + 1
+    assert P.prediction(req).source == "prior" and P.predicted_output_quantiles(req) is None
+    assert state.PLUGIN.fallbacks.count == before + 1
 
 
 def test_without_an_outlets_feature_client_quantiles_are_not_read(plugins_loaded, monkeypatch):
@@ -430,10 +430,10 @@ def test_eagle3_quantiles_are_re_read_after_each_verify_step_and_refresh_the_key
                                                                                    abs=2e-3)
     assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [b, a]  # the new quantiles, not the old keys
     # a draft whose quantiles come back not finite: the request keeps its last prediction and quantiles
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     step([a], [5.0], [[1.0, 2.0, 3.0, float("inf"), float("inf")]], new_tokens=[1])
     assert P.predicted_output_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)
-    assert P.FALLBACKS.count == before + 1
+    assert state.PLUGIN.fallbacks.count == before + 1
     client = request("client", 80.0, (10.0, 20.0, 80.0, 90.0, 99.0))  # the client's prediction wins
     step([client], [5.0], [[1.0, 2.0, 3.0, 4.0, 5.0]], new_tokens=[1])
     assert P.predicted_output_quantiles(client) == (10.0, 20.0, 80.0, 90.0, 99.0)
@@ -463,7 +463,7 @@ def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugi
         return req
 
     received = arrive(0)
-    assert (P.predicted_output_len(received), P.prediction_source(received)) == (40.0, "prefill")
+    assert (P.predicted_output_len(received), P.prediction(received).source) == (40.0, "prefill")
     assert P.predicted_output_quantiles(received) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0))
     assert P.predicted_output_quantiles(arrive(1)) is None and P.predicted_output_len(arrive(1)) == 40.0
     use_env(monkeypatch, **{ENV_QUANTILE_LEVELS: "0.1,0.5,0.9"})  # a decode at other levels keeps the point only

@@ -72,6 +72,13 @@ from specforge_outlets.scheduling.length_distribution import (
     cvar_of,
     gittins_rank_of,
 )
+from specforge_outlets.scheduling.prediction import (
+    MIN_QUANTILE,
+    LengthPrediction,
+    PredictionSource,
+    remaining_or_prior,
+    total_quantiles,
+)
 from specforge_outlets.scheduling.request_queue import (
     FCFSRequestQueue,
     QueuePolicy,
@@ -161,6 +168,11 @@ __all__ = [
     "LengthDistribution",
     "cvar_of",
     "gittins_rank_of",
+    "MIN_QUANTILE",
+    "LengthPrediction",
+    "PredictionSource",
+    "remaining_or_prior",
+    "total_quantiles",
     "FCFSRequestQueue",
     "QueuePolicy",
     "RequestKeys",

@@ -45,6 +45,7 @@ from enum import Enum
 from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, request_distribution
+from specforge_outlets.scheduling.prediction import LengthPrediction
 from specforge_outlets.scheduling.kv_budget import (
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
@@ -134,6 +135,15 @@ class KVRequest(NamedTuple):
     predicted_output_quantiles: Optional[Tuple[float, ...]] = None  # at the scheduling config's levels
     ignore_eos: bool = False  # it runs to max_new_tokens whatever is predicted
     held: int = 0  # KV tokens it holds now (SGLang: prompt + output but the last token, which the next step writes)
+
+    @classmethod
+    def from_prediction(cls, prediction: Optional[LengthPrediction], extend: int, generated: int, max_new_tokens: int,
+                        ignore_eos: bool = False, held: int = 0) -> "KVRequest":
+        """A request whose latest prediction is ``prediction`` (None: not predicted), as admission reads it."""
+        if prediction is None:
+            return cls(extend, generated, max_new_tokens, None, None, ignore_eos, held)
+        return cls(extend, generated, max_new_tokens, prediction.predicted_output_len,
+                   prediction.predicted_output_quantiles, ignore_eos, held)
 
 
 @dataclass(frozen=True)
