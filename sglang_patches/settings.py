@@ -337,7 +337,7 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
 
     One rule for both places that check it: the launcher (from the target's config.json) and the
     scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS
-    (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
+    (``specforge_outlets.data.fusion_layers``); serving adds one limit: SGLang captures a decoder layer's
     input, so the last layer's output (index N) cannot be read. The limit and the width are
     ``specforge_outlets.model.draft_modes``' rules, which ``outlets export`` prints.
     """

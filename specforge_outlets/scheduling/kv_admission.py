@@ -5,7 +5,7 @@ strategy, one small class per rule and a factory. The engine acts: it holds the 
 retracts and builds a :class:`CacheState` at each admission round; the strategy decides: what each
 request is charged and whether the next waiting one fits. The SGLang plugin
 (``sglang_patches/kv_admission.py``, around SGLang's ``PrefillAdder``) and the simulator
-(``simulation/engine.py``) call the same strategies, so what is simulated is what is served.
+(``simulation/schedulers/``) call the same strategies, so what is simulated is what is served.
 
 The rules on SGLang's ``PrefillAdder`` share its arithmetic (:class:`SGLangAdmission`): a round starts
 from the free KV less a charge per running request, and admits waiting requests in queue order while
