@@ -9,7 +9,7 @@ import pytest
 
 from specforge_outlets.cli import main
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
+from specforge_outlets.scheduling import LengthPrediction, QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
 from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_from_dict, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
@@ -55,6 +55,11 @@ def simulate(*args, **kwargs):
 
 # A long request, then a medium and a short one that both wait behind it on one decode slot.
 # Prefill: A alone 0-1 s, then B and C in one batch 1-2 s. A decodes 10 steps, 1-11 s.
+def external(predicted_output_len):
+    """A prediction that came with the request (a SimRequest's r̂_0 in these tests)."""
+    return LengthPrediction.of_total(predicted_output_len, "external")
+
+
 THREE = make_trace([(0.0, 50, 11), (0.1, 50, 6), (0.2, 50, 2)])
 
 
@@ -441,8 +446,9 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
     engine.steps_done = 10
     requests = {}
     for index, (predicted, arrival, retractions) in enumerate([(500, 0.0, 0), (900, 1.0, 2), (500, 2.0, 0), (100, 3.0, 0)]):
-        request = SimRequest(index, arrival, 10, 1000, predicted, 0)
-        request.predicted_output_len, request.join_step, request.retractions = predicted, 0, retractions
+        request = SimRequest(index, arrival, 10, 1000, external(predicted), 0)
+        request.reveal_prediction()
+        request.join_step, request.retractions = 0, retractions
         requests[index] = request
     engine.running = dict(requests)
     # 900 predicted has the most left but was retracted twice already; of the two 500s the later
@@ -457,15 +463,17 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
     from specforge_outlets.simulation.request import SimRequest
 
-    request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
-    assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
-    request.predicted_output_len = request.unrevealed_predicted_output_len
-    assert request.predicted_output_len_at(0) == 50.0  # no token yet: the prediction made at the prediction point
-    assert [request.predicted_output_len_at(k) for k in (1, 2, 3)] == [50.0, 1 + 20.0, 2 + 4.0]
-    assert request.predicted_output_len_at(9) == 2 + 4.0  # past the trajectory: its last estimate
-    static = SimRequest(1, 0.0, 10, 6, 50.0, 0)
-    static.predicted_output_len = 50.0
-    assert static.predicted_output_len_at(3) == 50.0
+    request = SimRequest(0, 0.0, 10, 6, external(50.0), 0, trajectory=np.array([50.0, 20.0, 4.0]))
+    assert request.prediction_at(3) is None  # not revealed yet: the prediction point has not come
+    request.reveal_prediction()
+    assert request.prediction_at(0) is request.prediction  # no token yet: the prediction made at the prediction point
+    totals = [request.prediction_at(k).predicted_output_len for k in (1, 2, 3)]
+    assert totals == [50.0, 1 + 20.0, 2 + 4.0]
+    assert request.prediction_at(9).predicted_output_len == 2 + 4.0  # past the trajectory: its last estimate
+    assert request.prediction_at(3).remaining(3) == 3.0  # 2 + 4 in all, 3 generated
+    static = SimRequest(1, 0.0, 10, 6, external(50.0), 0)
+    static.reveal_prediction()
+    assert static.prediction_at(3) is static.prediction
 
 
 def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps):
@@ -496,10 +504,11 @@ def test_retraction_reads_the_latest_estimate():
                      SchedulingConfig(), trajectories=[None] * 3)
     engine = sim.engines[0]
     engine.steps_done = 10
-    early_high = SimRequest(0, 0.0, 10, 1000, 900.0, 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
-    steady = SimRequest(1, 1.0, 10, 1000, 300.0, 0)
+    early_high = SimRequest(0, 0.0, 10, 1000, external(900.0), 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
+    steady = SimRequest(1, 1.0, 10, 1000, external(300.0), 0)
     for request in (early_high, steady):
-        request.predicted_output_len, request.join_step = request.unrevealed_predicted_output_len, 0
+        request.reveal_prediction()
+        request.join_step = 0
     engine.running = {0: early_high, 1: steady}
     assert engine._retraction_victim().index == 1  # 300 - 11 left beats 10 + 5 - 11; statically 0 would go
 
@@ -673,8 +682,9 @@ def test_a_retracted_request_waits_with_its_latest_estimate():
                      SchedulingConfig(), trajectories=[None] * 3)
     engine = sim.engines[0]
     engine.steps_done = 10
-    request = SimRequest(0, 0.0, 10, 100, 900.0, 0, trajectory=np.full(100, 7.0))
-    request.predicted_output_len, request.join_step, request.reservation = 900.0, 0, 0
+    request = SimRequest(0, 0.0, 10, 100, external(900.0), 0, trajectory=np.full(100, 7.0))
+    request.reveal_prediction()
+    request.join_step, request.reservation = 0, 0
     engine.running, engine.kv_tokens = {0: request}, 21
     engine._retract(0.0, request)
     assert request.predicted_output_len == 10 + 7.0  # 11 generated: the estimate at token 11, not r̂_0
