@@ -42,16 +42,15 @@ class CachedOrderKeys(RequestKeys):
         self._table = key_tables.key_table(config)
 
     def sorted_by_sjf(self, reqs) -> list:
-        table = self._table
-        result = self._read(reqs, table.sjf, self._compute_sjf, lambda: sorted(reqs, key=table.sjf.__getitem__))
-        self._bound(reqs, table.sjf)
-        return result
+        return self._sorted(reqs, self._table.sjf, self._compute_sjf)
 
     def sorted_by_longest_first(self, reqs) -> list:
-        table = self._table
-        result = self._read(reqs, table.longest, self._compute_longest,
-                            lambda: sorted(reqs, key=table.longest.__getitem__))
-        self._bound(reqs, table.longest)
+        return self._sorted(reqs, self._table.longest, self._compute_longest)
+
+    def _sorted(self, reqs, keys: dict, compute) -> list:
+        """``reqs`` sorted by their cached ``keys`` (``compute`` fills in those they lack)."""
+        result = self._read(reqs, keys, compute, lambda: sorted(reqs, key=keys.__getitem__))
+        self._bound(reqs, keys)
         return result
 
     def rank_long(self, reqs) -> list:

@@ -144,21 +144,21 @@ class FCFSRequestQueue(RequestQueue):
         return iter(self._requests)
 
 
-class SJFRequestQueue(RequestQueue):
-    """Shortest aged predicted remaining length first (:func:`sjf_sort_key`), on a heap.
-
-    The key is computed once when the request is added: a waiting request generates no tokens
-    and the aging term is linear in arrival time, so its rank among the others cannot change.
-    """
+class SortKeyRequestQueue(RequestQueue):
+    """A heap by a sort key computed once, when a request is added: a waiting request generates no tokens, so its
+    key (or, with linear aging, its rank among the others) cannot change while it waits."""
 
     def __init__(self, config: SchedulingConfig) -> None:
         self._config = config
         self._heap: List[Tuple[Tuple[float, float], int, SchedulableRequest]] = []
         self._counter = itertools.count()  # insertion order breaks exact ties deterministically
 
+    @abstractmethod
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        """Ascending sort key of a request joining the queue."""
+
     def add_request(self, request: SchedulableRequest) -> None:
-        key = request_sjf_key(request, self._config)
-        heapq.heappush(self._heap, (key, next(self._counter), request))
+        heapq.heappush(self._heap, (self._key(request), next(self._counter), request))
 
     def pop_request(self, now: float) -> SchedulableRequest:
         return heapq.heappop(self._heap)[2]
@@ -173,30 +173,19 @@ class SJFRequestQueue(RequestQueue):
         return (entry[2] for entry in sorted(self._heap, key=lambda entry: entry[:2]))
 
 
-class LongestFirstRequestQueue(RequestQueue):
-    """Longest predicted remaining length first (:func:`longest_first_sort_key`), on a heap; the key of a waiting
-    request cannot change (it generates nothing), so it is computed once."""
+class SJFRequestQueue(SortKeyRequestQueue):
+    """Shortest aged predicted remaining length first (:func:`sjf_sort_key`); aging is linear in arrival time,
+    so the key is the request's for as long as it waits."""
 
-    def __init__(self, config: SchedulingConfig) -> None:
-        self._config = config
-        self._heap: List[Tuple[Tuple[float, float], int, SchedulableRequest]] = []
-        self._counter = itertools.count()  # insertion order breaks exact ties deterministically
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        return request_sjf_key(request, self._config)
 
-    def add_request(self, request: SchedulableRequest) -> None:
-        key = request_longest_first_key(request, self._config)
-        heapq.heappush(self._heap, (key, next(self._counter), request))
 
-    def pop_request(self, now: float) -> SchedulableRequest:
-        return heapq.heappop(self._heap)[2]
+class LongestFirstRequestQueue(SortKeyRequestQueue):
+    """Longest predicted remaining length first (:func:`longest_first_sort_key`)."""
 
-    def peek_request(self, now: float) -> SchedulableRequest:
-        return self._heap[0][2]
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self) -> Iterator[SchedulableRequest]:
-        return (entry[2] for entry in sorted(self._heap, key=lambda entry: entry[:2]))
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        return request_longest_first_key(request, self._config)
 
 
 class TailSafeRequestQueue(RequestQueue):
