@@ -238,6 +238,29 @@ def test_tail_safe_timeline_on_one_decode_slot(unit_steps, holdback, finish_time
     assert result.finish_times.tolist() == pytest.approx(finish_times)
 
 
+# A blocks the one decode slot 1-11 s; B (2 tokens) and C (6 tokens) wait for it in the decode queue.
+BATCH = make_trace([(0.0, 50, 11), (0.1, 50, 2), (0.2, 50, 6)])
+
+
+def test_longest_predicted_first_timeline_on_one_decode_slot(unit_steps):
+    # At 11 s B has 1 token left, C 5: C 11-16 s, then B 16-17 s (FCFS: B 11-12 s, C 12-17 s).
+    result = simulate(BATCH, pd_cluster(max_running_requests=1), queue="longest-predicted-first")
+    assert result.finish_times.tolist() == pytest.approx([11.0, 17.0, 16.0])
+    assert simulate(BATCH, pd_cluster(max_running_requests=1)).finish_times.tolist() == pytest.approx([11.0, 12.0, 17.0])
+
+
+@pytest.mark.parametrize("queue, finish_times", [("tail-safe-ranks", [11.0, 17.0, 12.0]), ("tail-safe", [11.0, 16.0, 17.0])])
+def test_tail_safe_ranks_timeline_on_one_decode_slot(unit_steps, queue, finish_times):
+    # Predictions 1, 6, 2 (A's is wrong: it runs 11), all far below the fixed 800. The decode queue's window
+    # (share 0.5 of the last 2) sees the remaining lengths as each joins, one token generated at prefill:
+    # A max(1 - 1, 1) = 1: one prediction, floor(0.5 x 1) = 0 -> short; B 5: window [1 5], top 1 = 5 -> long;
+    # C 1: window [5 1] -> 5 -> short. At 11 s B has waited 10.9 s and C arrived 0.1 s after it, within
+    # 0.5 x 10.9: C 11-12 s, B 12-17 s. Tail-safe's fixed 800 makes all short: FCFS.
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue=queue, predictions=[1.0, 6.0, 2.0],
+                      long_holdback=0.5, long_class_share=0.5, rank_window=2)
+    assert result.finish_times.tolist() == pytest.approx(finish_times)
+
+
 def test_sjf_without_predictions_is_fcfs(unit_steps):
     cluster = pd_cluster(max_running_requests=1)
     result = simulate(THREE, cluster, queue="sjf", predictions=[None] * 3)
@@ -566,7 +589,8 @@ def test_file_dynamic_needs_a_trajectory_for_every_trace_request(tmp_path):
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens",
                                      "power-of-two"])
-@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "tail-safe-ranks", "longest-predicted-first",
+                                   "shortest-prefill-first", "lof", "hrrn"])
 @pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
@@ -650,7 +674,8 @@ def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_outp
     # the first request is alone and starts at once; then 20 < 290 < 300 tokens: 3, 2, 1 (FCFS: 1, 2, 3)
     assert first_tokens[3] < first_tokens[2] < first_tokens[1]
     assert fcfs.first_token_times[1] < fcfs.first_token_times[2] < fcfs.first_token_times[3]
-    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first, lof, hrrn"):
+    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, tail-safe-ranks, "
+                                         "longest-predicted-first, shortest-prefill-first, lof, hrrn"):
         queue_policy("lpm")
 
 
