@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FEATURE_SUFFIX, save_features
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
-from specforge_outlets.data.manifest import write_manifest
+from specforge_outlets.data.manifest import LABELS_SUMMARY, write_manifest
 from specforge_outlets.errors import OutletsError
 
 MAX_REPORTED = 50
@@ -266,7 +266,7 @@ def _add_labels(args: argparse.Namespace) -> int:
               "batch of --batch-size)")
     summary = {"input": args.input, "directory": args.add_labels, "files": len(found), "rows_read": read,
                "rows_without_file": without, **dict(sorted(counts.items()))}
-    with open(os.path.join(args.add_labels, "labels_summary.json"), "w", encoding="utf-8") as handle:
+    with open(os.path.join(args.add_labels, LABELS_SUMMARY), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     print(f"labelled {counts['labelled_files']} of {len(found)} files, skipped {counts['skipped']}")
     return 0
