@@ -367,3 +367,7 @@ def test_rerunning_train_on_its_output_directory_resumes_instead_of_overwriting(
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"resuming from it (training.resume_from={tmp_path / 'tiny-step2'})" in again.stderr
     assert state.stat().st_mtime_ns == written  # not trained again from step 0 over it
+    changed = outlets("train", "--config", recipe, "training.batch_size=2")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr[-3000:]
+    err = changed.stderr.strip().splitlines()[-1]
+    assert "was written with batch_size=4 but this run has batch_size=2" in err and "another output_dir" in err

@@ -87,7 +87,7 @@ def run(args) -> int:
     except _WorkerTermination as received:
         return 128 + received.signum
     except ValueError as exc:
-        refusal = schedule_error(exc)
+        refusal = trainer_refusal(exc, recipe.config)
         if refusal is None:
             raise
         raise refusal from None
@@ -120,12 +120,17 @@ def resume_from_output_dir(cfg) -> str:
 SCHEDULE_ERRORS = ("fixed training plan ends with incomplete gradient accumulation", "produces no optimizer step")
 
 
-def schedule_error(exc: ValueError):
-    """SpecForge's schedule refusal (raised inside the trainer, after the models load) as one line
-    naming the recipe fields to change; None for any other error."""
-    if not any(text in str(exc) for text in SCHEDULE_ERRORS):
-        return None
-    return OutletsError(
-        f"{exc} (SpecForge counts whole batches of the feature files in data.hidden_states_path); "
-        "change training.batch_size, training.accumulation_steps or training.num_epochs, or set training.max_steps"
-    )
+def trainer_refusal(exc: ValueError, cfg):
+    """SpecForge's refusals raised inside the trainer, once the models are loaded (a schedule with no whole
+    optimizer step, a checkpoint written with other settings than it resumes with), as one line naming
+    the recipe fields to change; None for any other error."""
+    text = str(exc)
+    if any(part in text for part in SCHEDULE_ERRORS):
+        return OutletsError(
+            f"{text} (SpecForge counts whole batches of the feature files in data.hidden_states_path); change "
+            "training.batch_size, training.accumulation_steps or training.num_epochs, or set training.max_steps"
+        )
+    source = cfg.training.resume_from
+    if source and text.startswith(f"checkpoint {source} "):
+        return OutletsError(f"training.resume_from={source}: {text}; or start over in another output_dir or run_id")
+    return None
