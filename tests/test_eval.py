@@ -598,8 +598,8 @@ def test_a_draft_fusing_other_layers_than_the_capture_is_refused(chat, draft, tm
     captured = load_split(test_dir).manifest["fusion_layers"]
     other = [layer - 1 for layer in captured]
     moved = edited_export(draft, tmp_path / "moved", lambda c: c["outlets_config"].update(fusion_layers=other))
-    err = refused(capsys, tmp_path / "o", "--draft", moved, "--features", test_dir, "--baselines", "none",
-                  "--target", target, "--no-drafting")
+    err = refused(capsys, tmp_path / "o", "--draft", moved, "--features", test_dir, "--train-features", train_dir,
+                  "--baselines", "none", "--target", target, "--no-drafting")
     assert err.count("\n") == 1 and f"the draft fuses target layers {other}" in err
     assert f"captured at {captured}" in err and "--fusion-layers" in err
 
@@ -612,8 +612,8 @@ def test_a_draft_fusing_other_layers_than_the_capture_is_refused(chat, draft, tm
 def test_a_draft_of_another_shape_is_one_line_not_a_traceback(chat, draft, tmp_path, capsys, edit, message):
     target, train_dir, test_dir = chat
     other = edited_export(draft, tmp_path / "other", edit)
-    err = refused(capsys, tmp_path / "o", "--draft", other, "--features", test_dir, "--baselines", "none",
-                  "--target", target, "--no-drafting")
+    err = refused(capsys, tmp_path / "o", "--draft", other, "--features", test_dir, "--train-features", train_dir,
+                  "--baselines", "none", "--target", target, "--no-drafting")
     assert err.count("\n") == 1 and message in err
 
 
