@@ -365,8 +365,8 @@ def test_rerunning_train_on_its_output_directory_resumes_instead_of_overwriting(
     written = state.stat().st_mtime_ns
     again = outlets("train", "--config", recipe)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resuming from it (training.resume_from={tmp_path / 'tiny-step2'})" in again.stderr
     assert state.stat().st_mtime_ns == written  # not trained again from step 0 over it
+    assert f"resuming from it (training.resume_from={tmp_path / 'tiny-step2'})" in again.stderr
     changed = outlets("train", "--config", recipe, "training.batch_size=2")
     assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr[-3000:]
     err = changed.stderr.strip().splitlines()[-1]
