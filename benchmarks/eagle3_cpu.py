@@ -39,12 +39,12 @@ import re
 import statistics
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.demo.stages import written
+from specforge_outlets.loadgen.sglang_server import SGLangServer
+from specforge_outlets.studies import sglang_plugins
 
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.demo.stages import written  # noqa: E402
-from specforge_outlets.loadgen.sglang_server import SGLangServer  # noqa: E402
-from specforge_outlets.studies import sglang_plugins  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS = os.path.join(REPO, "runs", "bench-sharegpt")
 DRAFTS = {"outlets": os.path.join(RUNS, "draft-outlets"), "sd-only": os.path.join(RUNS, "draft-sd-only")}

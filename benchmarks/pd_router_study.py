@@ -35,14 +35,14 @@ import sys
 import time
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from specforge_outlets.studies.kv_bound_server import (  # noqa: E402
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.studies import sglang_plugins
+from specforge_outlets.studies.kv_bound_server import (
     END_TOKEN_ID, MAX_NEW_TOKENS, METRICS, RETRACTED, SERVE_PYTHON, SHORT_THRESHOLD, finished_runs, make_target, slug,
     write_workload,
 )
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.studies import sglang_plugins  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS_DIR = os.path.join(REPO, "runs", "pd-router")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "pd-router")

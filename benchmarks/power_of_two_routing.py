@@ -43,16 +43,16 @@ from typing import List
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.demo.stages import written
+from specforge_outlets.scheduling import DEFAULT_LOAD_POLL_INTERVAL_S, SchedulingConfig
+from specforge_outlets.simulation.cluster import KVAdmission
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from specforge_outlets.simulation.study import summarize
+from specforge_outlets.studies import sharegpt_serving as study
 
-from specforge_outlets.studies import sharegpt_serving as study  # noqa: E402
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.demo.stages import written  # noqa: E402
-from specforge_outlets.scheduling import DEFAULT_LOAD_POLL_INTERVAL_S, SchedulingConfig  # noqa: E402
-from specforge_outlets.simulation.cluster import KVAdmission  # noqa: E402
-from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
-from specforge_outlets.simulation.study import summarize  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CLUSTER = "1P+3D"
 KV_CAPACITY = 100_000  # per instance with KV admission by prediction, as the serving study's KV-bound set-up

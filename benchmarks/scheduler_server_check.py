@@ -28,12 +28,12 @@ import sys
 import tempfile
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.loadgen.sglang_server import SGLangServer
+from specforge_outlets.model.tiny_chat_target import make_chat_target  # the tests' tiny random Llama
+from specforge_outlets.studies import sglang_plugins
 
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402  (the tests' tiny random Llama)
-from specforge_outlets.loadgen.sglang_server import SGLangServer  # noqa: E402
-from specforge_outlets.studies import sglang_plugins  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 POLICIES: Dict[str, List[str]] = {
     "fcfs": ["--schedule-policy", "fcfs"],

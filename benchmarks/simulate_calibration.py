@@ -50,6 +50,7 @@ def simulate(trace: Trace, overhead_s: float):
     cluster = cluster_config_from_dict({
         "mode": "colocated", "instances": 1, "max_running_requests": 256, "chunked_prefill_size": 2048,
         "max_new_tokens": 1, "kv_capacity_tokens": kv_tokens, "step_overhead_s": overhead_s,
+        "kv_admission": "max-new-tokens",  # the reservation the calibration was run with, named
     }, "calibration")
     policy = Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS)
     result = Simulation(trace, [None] * len(trace), cluster, policy, SchedulingConfig()).run()

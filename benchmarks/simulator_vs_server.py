@@ -36,20 +36,20 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.data.jsonl import BadLine, iter_jsonl
+from specforge_outlets.evaluation.predictions_file import predictions_by_id
+from specforge_outlets.scheduling import OrderKey, SchedulingConfig
+from specforge_outlets.serving.trace import Trace
+from specforge_outlets.simulation.cluster import cluster_config_from_dict
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
+from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from specforge_outlets.simulation.step_fit import fit_step_time, parse_intervals
+from specforge_outlets.simulation.study import summarize
+from specforge_outlets.studies import kv_bound_server as study
 
-from specforge_outlets.studies import kv_bound_server as study  # noqa: E402
-from specforge_outlets.atomic import write_text_atomic  # noqa: E402
-from specforge_outlets.data.jsonl import BadLine, iter_jsonl  # noqa: E402
-from specforge_outlets.evaluation.predictions_file import predictions_by_id  # noqa: E402
-from specforge_outlets.scheduling import OrderKey, SchedulingConfig  # noqa: E402
-from specforge_outlets.serving.trace import Trace  # noqa: E402
-from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
-from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
-from specforge_outlets.simulation.predicted_lengths import read_file_quantiles  # noqa: E402
-from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
-from specforge_outlets.simulation.step_fit import fit_step_time, parse_intervals  # noqa: E402
-from specforge_outlets.simulation.study import summarize  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS_DIR = os.path.join(REPO, "runs", "kv-bound-300")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "kv-bound-server-300")

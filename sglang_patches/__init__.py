@@ -24,16 +24,13 @@ import logging
 
 logger = logging.getLogger("sglang_patches")
 
-_loaded = False
-
-
 def load() -> None:
     """Entry point called by ``sglang.srt.plugins.load_plugins()`` (no arguments)."""
-    global _loaded
-    if _loaded:
+    from sglang_patches import registry, state
+
+    if state.PLUGIN.loaded:
         return
-    _loaded = True
-    from sglang_patches import registry
+    state.PLUGIN.loaded = True
 
     registry.register_all()
     try:

@@ -32,7 +32,7 @@ from sglang_patches import state
 from sglang_patches.predictions import fall_back_to_prior, predicted_output_len, set_predicted_output_len
 from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY, parse_prediction, parse_quantiles
 from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM
-from specforge_outlets.scheduling import SchedulingConfig, request_distribution
+from specforge_outlets.scheduling import PredictionSource, SchedulingConfig, request_distribution
 
 # custom_labels keys moved into custom_params, each with how its string becomes the value read there
 # (the prediction and its quantiles stay as sent: they are parsed, and refused if bad, where every prediction is)
@@ -145,7 +145,7 @@ def assign_external_prediction(req, config: SchedulingConfig) -> bool:
         return False
     if value is None:
         value = request_distribution(None, totals, config).quantile(0.5)
-    set_predicted_output_len(req, value, "external", totals)
+    set_predicted_output_len(req, value, PredictionSource.EXTERNAL, totals)
     return True
 
 

@@ -1,6 +1,6 @@
-"""Where the plugin keeps the order keys of waiting requests: tables by request, one per scheduling config.
+"""The order keys of waiting requests: tables by request, one per scheduling config (kept in ``state.PLUGIN``).
 
-A leaf, so that whatever changes a request's prediction (``predictions.py``) drops its keys
+A leaf but for ``state``, so that whatever changes a request's prediction (``predictions.py``) drops its keys
 without importing the order that computes them (``order_keys.py``).
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from sglang_patches import state
 from specforge_outlets.scheduling import SchedulingConfig
 
 # Entries a key table may hold beyond the list it last ordered (requests that left the queue:
@@ -37,12 +38,13 @@ class KeyTable:
             setattr(self, name, {req: table[req] for req in reqs if req in table})
 
 
-# One key table per scheduling config in this process, shared by its providers, so that keys
-# computed for another config are never read.
-KEY_TABLES: Dict[SchedulingConfig, KeyTable] = {}
+def key_table(config: SchedulingConfig) -> KeyTable:
+    """The key table of ``config`` in this process (``state.PLUGIN.key_tables``), shared by its providers, so that
+    keys computed for another config are never read."""
+    return state.PLUGIN.key_tables.setdefault(config, KeyTable())
 
 
 def drop_order_keys(req) -> None:
     """Forget a request's cached order keys: its prediction changed, or it ran and may come back with more tokens."""
-    for table in KEY_TABLES.values():
+    for table in state.PLUGIN.key_tables.values():
         table.drop(req)

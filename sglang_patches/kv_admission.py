@@ -47,20 +47,19 @@ from specforge_outlets.scheduling import (
     CacheState,
     KVAdmission,
     KVRequest,
-    OutputLengthHistory,
     PeakAdmission,
     create_admission,
 )
 
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
-# The peak round of an admission round, kept on its PrefillAdder (a new adder per round)
+# The strategy of an admission round (or None: SGLang's own estimate), built at the round's first hook call and
+# kept on its PrefillAdder (a new adder per round), which asks once per running request and per candidate
+ATTR_ADMISSION = "_outlets_admission"
+# The peak round of an admission round, kept on its PrefillAdder
 ATTR_PEAK_ROUND = "_outlets_peak_round"
 # The round's chunked request (Scheduler.chunked_req), kept on its PrefillAdder by add_chunked_req
 ATTR_CHUNKED_REQ = "_outlets_chunked_req"
-
-# The output lengths of the requests this scheduler finished (the peak admissions read them)
-HISTORY = OutputLengthHistory()
 
 
 def admission() -> Optional[Admission]:
@@ -69,15 +68,22 @@ def admission() -> Optional[Admission]:
     if current.kv_admission is KVAdmission.SGLANG or not state.schedule_policy_is_outlets():
         return None
     return create_admission(current.kv_admission, current.scheduling, current.kv_margin, current.kv_quantile,
-                            history=HISTORY)
+                            history=state.PLUGIN.output_lengths)
+
+
+def round_admission(adder) -> Optional[Admission]:
+    """:func:`admission` for the round of this ``PrefillAdder``, built once per round."""
+    if not hasattr(adder, ATTR_ADMISSION):
+        setattr(adder, ATTR_ADMISSION, admission())
+    return getattr(adder, ATTR_ADMISSION)
 
 
 def kv_request(req, held: int = 0, extend: int = 0) -> KVRequest:
     """What the scheduling core's admission reads from an SGLang ``Req`` holding ``held`` KV tokens,
     whose prefill adds ``extend``."""
     params = req.sampling_params
-    return KVRequest(extend, P.num_generated(req), params.max_new_tokens, P.predicted_output_len(req),
-                     P.predicted_output_quantiles(req), bool(getattr(params, "ignore_eos", False)), held)
+    return KVRequest.from_prediction(P.prediction(req), extend, P.num_generated(req), params.max_new_tokens,
+                                     bool(getattr(params, "ignore_eos", False)), held)
 
 
 def running_kv_request(req) -> KVRequest:
@@ -114,7 +120,7 @@ def add_chunked_req_before(self, req, *args, **kwargs):
 
 def running_token_offset_around(original, self, req):
     """A running request is charged the strategy's output budget (the peak's: nothing ahead)."""
-    rule = admission()
+    rule = round_admission(self)
     budget = None if rule is None else rule.output_budget(kv_request(req))
     return original(self, req) if budget is None else budget
 
@@ -122,7 +128,7 @@ def running_token_offset_around(original, self, req):
 def add_one_req_around(original, self, req, *args, **kwargs):
     """A request being admitted is charged the strategy's output budget; under the peak rule it is refused
     (``NO_TOKEN``, as when SGLang's own arithmetic finds no room) when the future peak with it would not fit."""
-    rule = admission()
+    rule = round_admission(self)
     budget = None if rule is None else rule.output_budget(kv_request(req))
     if budget is None:
         return original(self, req, *args, **kwargs)
@@ -150,7 +156,7 @@ def filter_batch_before(self, *args, **kwargs):
     """Requests leave a batch when they finish: their output lengths are the peak admissions' history."""
     for req in self.reqs:
         if req.finished():
-            HISTORY.record(len(req.output_ids))
+            state.PLUGIN.output_lengths.record(len(req.output_ids))
     return None
 
 

@@ -40,9 +40,6 @@ LOG_EVERY_N_FAILURES = 100
 PREDICTED = "predicted_remaining"
 SGLANG_TOKENS = "sglang_tokens"
 
-_failures = 0
-
-
 def sglang_token_load(snapshot) -> int:
     """SGLang's own token load of a rank: KV tokens in use plus tokens waiting for prefill."""
     return int(getattr(snapshot, "num_total_tokens", 0) or 0)
@@ -106,10 +103,10 @@ def read_payload(reader) -> List[dict]:
 
 
 def _record_failure(error: BaseException) -> None:
-    global _failures
-    _failures += 1
-    if _failures == 1 or _failures % LOG_EVERY_N_FAILURES == 0:
-        logger.warning("OUTLETS /get_load fell back to SGLang's token load (%d times so far): %r", _failures, error)
+    state.PLUGIN.load_failures += 1
+    failures = state.PLUGIN.load_failures
+    if failures == 1 or failures % LOG_EVERY_N_FAILURES == 0:
+        logger.warning("OUTLETS /get_load fell back to SGLang's token load (%d times so far): %r", failures, error)
 
 
 def install_route(app, reader) -> bool:

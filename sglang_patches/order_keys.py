@@ -38,7 +38,7 @@ class CachedOrderKeys(RequestKeys):
 
     def __init__(self, config: SchedulingConfig) -> None:
         super().__init__(config)
-        self._table = key_tables.KEY_TABLES.setdefault(config, key_tables.KeyTable())
+        self._table = key_tables.key_table(config)
 
     def sorted_by_sjf(self, reqs) -> list:
         table = self._table

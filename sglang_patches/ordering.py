@@ -53,15 +53,11 @@ def sort_waiting(waiting_queue, config) -> None:
         state.metrics().order_changes()
 
 
-_cached_order_keys = None
-
-
 def _order_keys(config) -> CachedOrderKeys:
     """One key provider per scheduling config, so that the keys cached on requests stay valid across rounds."""
-    global _cached_order_keys
-    if _cached_order_keys is None or _cached_order_keys.config is not config:
-        _cached_order_keys = CachedOrderKeys(config)
-    return _cached_order_keys
+    if state.PLUGIN.order_keys is None or state.PLUGIN.order_keys.config is not config:
+        state.PLUGIN.order_keys = CachedOrderKeys(config)
+    return state.PLUGIN.order_keys
 
 
 def add_request_to_queue_before(self, req, *args, **kwargs):

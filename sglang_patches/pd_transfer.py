@@ -31,26 +31,26 @@ from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.client_predictions import assign_external_prediction
 from sglang_patches.settings import same_levels
+from specforge_outlets.scheduling import PredictionSource
 
 logger = logging.getLogger("sglang_patches")
-_warned = False  # the first request without a prediction is logged, the rest only counted
-
 PREDICTION_SLOT = 15  # of MetadataBuffers.output_token_logprobs_val's 16 per request; SGLang uses slot 0
 NO_PREDICTION = 0.0  # what the prefill writes for a request it has not predicted
 SMALLEST_SENT = 1e-3  # a predicted 0 (the head's floor) is sent as this, so that it is not read as "none"
-SOURCE = "prefill"  # the prediction source the decode instance records
 QUANTILE_COUNT_SLOT = 14  # K, the number of quantiles sent (0: none)
 FIRST_QUANTILE_SLOT = 1  # levels in slots 1..K, quantiles in K+1..2K
 MAX_SENT_QUANTILES = (QUANTILE_COUNT_SLOT - FIRST_QUANTILE_SLOT) // 2  # 6
-_warned_levels = False
 
 
 def sent_prediction(req) -> float:
     """What the prefill instance writes for ``req``: its own prediction, or :data:`NO_PREDICTION`."""
-    value = P.predicted_output_len(req)
-    if value is None or P.prediction_source(req) == "prior" or not math.isfinite(value) or value < 0:
+    prediction = P.prediction(req)
+    if prediction is None or prediction.source is PredictionSource.PRIOR:
         return NO_PREDICTION
-    return max(float(value), SMALLEST_SENT)
+    value = prediction.predicted_output_len
+    if not math.isfinite(value) or value < 0:
+        return NO_PREDICTION
+    return max(value, SMALLEST_SENT)
 
 
 def sent_quantiles(req):
@@ -86,9 +86,7 @@ def read_quantiles(values, config):
     sent = values[FIRST_QUANTILE_SLOT:FIRST_QUANTILE_SLOT + 2 * count]
     levels, quantiles = sent[:count], sent[count:]
     if not same_levels(levels, config.quantile_levels):
-        global _warned_levels
-        if not _warned_levels:
-            _warned_levels = True
+        if state.first_time("quantiles at other levels from the prefill"):
             logger.warning("OUTLETS: the prefill instance sent quantiles at levels %s, this decode instance's are %s "
                            "(--outlets-quantile-levels): its requests are scheduled on the point prediction",
                            levels, list(config.quantile_levels))
@@ -104,13 +102,11 @@ def receive_prediction(req, value: float, config, quantiles=None) -> None:
     if assign_external_prediction(req, config):
         return  # the request carried its own (or was already predicted: a re-bootstrap keeps its first)
     if math.isfinite(value) and value > 0:
-        P.set_predicted_output_len(req, value, SOURCE, quantiles)
+        P.set_predicted_output_len(req, value, PredictionSource.PREFILL, quantiles)
         return
     # Unpredicted, as a request without a prediction on a single server: every reader uses the prior.
     state.metrics().transfer_without_prediction()
-    global _warned
-    if not _warned:
-        _warned = True
+    if state.first_time("a transfer without a prediction"):  # the first is logged, the rest only counted
         logger.warning("OUTLETS: request %s arrived from the prefill instance without a prediction (a prefill without "
                        "--outlets-draft-path, or its predictor failed): scheduled on the prior; such requests are "
                        "counted in outlets_transfers_without_prediction_total (--enable-metrics)", req.rid)

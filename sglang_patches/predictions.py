@@ -1,19 +1,20 @@
-"""Per-request prediction state, kept on SGLang ``Req`` objects (plain attributes): the predicted output
-length, its quantiles and source, the arrival stamp, and the remaining length routing and KV admission read.
+"""What the plugin keeps on each SGLang ``Req``: one :class:`RequestRecord` (attribute ``ATTR_RECORD``) with the
+request's :class:`~specforge_outlets.scheduling.LengthPrediction`, its arrival stamp, and the bookkeeping of its
+prediction (the cached remaining length, predictor-only mode's prompt features).
 
-Pure Python over duck-typed requests, so that it is unit-tested without SGLang. The remaining-length
-rule comes from the shared scheduling core (``specforge_outlets.scheduling``). A new prediction is
-reported in the request's ``customized_info`` (``customized_info.py``) and drops the request's order
-keys (``key_tables.py``).
+Pure Python over duck-typed requests, so that it is unit-tested without SGLang. A prediction is made
+and read through the scheduling core's object (``specforge_outlets.scheduling.prediction``); a new
+one is reported in the request's ``customized_info`` (``customized_info.py``, the ``meta_info``
+spellings: this module is where they are written) and drops the request's order keys (``key_tables.py``).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
+from sglang_patches import state
 from sglang_patches.customized_info import report
 from sglang_patches.key_tables import drop_order_keys
 from sglang_patches.settings import (
@@ -23,137 +24,112 @@ from sglang_patches.settings import (
     REMAINING_META_KEY,
     REMAINING_QUANTILES_META_KEY,
 )
-from specforge_outlets import scheduling
-from specforge_outlets.scheduling import SchedulingConfig
-
-logger = logging.getLogger("sglang_patches")
-
-ATTR_PREDICTED_OUTPUT_LEN = "outlets_predicted_output_len"  # float, or None until predicted
-ATTR_SOURCE = "outlets_prediction_source"  # "external", "draft", "prefill" (PD transfer), "prior" (fallback)
-ATTR_ARRIVAL = "outlets_arrival_time"  # monotonic seconds when first queued
-# (config, tokens generated, predicted remaining): predicted_remaining(), for the requests routing and KV admission read
-ATTR_PREDICTED_REMAINING = "outlets_predicted_remaining"
-# tuple of the TOTAL output length's quantiles at the config's quantile_levels, or None: a point mass at the
-# prediction. Set with the prediction and from the same source (the request's own, the draft, the prefill).
-ATTR_PREDICTED_OUTPUT_QUANTILES = "outlets_predicted_output_quantiles"
-# Smallest total-length quantile kept: a draft may predict 0 remaining at prefill, the core's distributions need > 0
-MIN_QUANTILE = 1e-3
+from specforge_outlets.scheduling import LengthPrediction, PredictionSource, SchedulingConfig, remaining_or_prior
 
 
-class FallbackCounter:
-    """Counts predictions that failed and fell back to the prior (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def record(self, rid, reason: str, using: str = "the prior") -> int:
-        with self._lock:
-            self.count += 1
-            count = self.count
-        logger.warning("OUTLETS prediction failed for request %s (%s): using %s; failures so far: %d",
-                       rid, reason, using, count)
-        return count
+ATTR_RECORD = "outlets_record"  # the one attribute the plugin sets on an SGLang Req: its RequestRecord
 
 
-FALLBACKS = FallbackCounter()
+@dataclass
+class RequestRecord:
+    """The plugin's state of one request, kept on its ``Req`` (created when first read)."""
+
+    prediction: Optional[LengthPrediction] = None  # None until predicted
+    arrival: Optional[float] = None  # monotonic seconds when first queued
+    # (config, tokens generated, remaining): the last remaining_or_prior(), for the requests routing reads each poll
+    remaining: Optional[Tuple[SchedulingConfig, int, float]] = None
+    # predictor-only mode: the prompt's captured feature chunks while its prefill is chunked (None otherwise)
+    prompt_features: Optional[List] = None
+
+
+def record(req) -> RequestRecord:
+    """The request's record (created on first use)."""
+    found = getattr(req, ATTR_RECORD, None)
+    if found is None:
+        found = RequestRecord()
+        setattr(req, ATTR_RECORD, found)
+    return found
 
 
 def stamp_arrival(req) -> float:
     """The request's arrival stamp, set now if it has none (when it is first queued)."""
-    arrival = getattr(req, ATTR_ARRIVAL, None)
-    if arrival is None:
-        arrival = time.monotonic()
-        setattr(req, ATTR_ARRIVAL, arrival)
-    return arrival
+    own = record(req)
+    if own.arrival is None:
+        own.arrival = time.monotonic()
+    return own.arrival
 
 
 def arrival_time(req) -> float:
-    value = getattr(req, ATTR_ARRIVAL, None)
+    value = record(req).arrival
     return time.monotonic() if value is None else value
+
+
+def prediction(req) -> Optional[LengthPrediction]:
+    """The request's latest prediction; None until predicted."""
+    return record(req).prediction
 
 
 def predicted_output_len(req) -> Optional[float]:
     """The request's predicted total output length (r̂_0, or t - 1 + r̂_t once re-predicted); None until predicted."""
-    return getattr(req, ATTR_PREDICTED_OUTPUT_LEN, None)
-
-
-def prediction_source(req) -> Optional[str]:
-    """Where the request's prediction came from (``ATTR_SOURCE``); None until predicted."""
-    return getattr(req, ATTR_SOURCE, None)
-
-
-def is_external(req) -> bool:
-    """The prediction came with the request (``custom_params``): it takes precedence over any predictor."""
-    return getattr(req, ATTR_SOURCE, None) == "external"
+    latest = record(req).prediction
+    return None if latest is None else latest.predicted_output_len
 
 
 def predicted_output_quantiles(req) -> Optional[Tuple[float, ...]]:
     """The request's total-length quantiles at the config's levels; None: a point mass at :func:`predicted_output_len`."""
-    return getattr(req, ATTR_PREDICTED_OUTPUT_QUANTILES, None)
+    latest = record(req).prediction
+    return None if latest is None else latest.predicted_output_quantiles
 
 
-def set_predicted_output_len(req, value: float, source: str, quantiles: Optional[Sequence[float]] = None) -> None:
+def set_predicted_output_len(req, value: float, source, quantiles: Optional[Sequence[float]] = None) -> None:
     """r̂_0: the request's predicted output length, reported as ``predicted_output_len``, and, when the source
     gives them, the quantiles of that length (``predicted_output_quantiles``); a prediction without
     quantiles replaces earlier ones (the request is a point mass at ``value`` again)."""
-    totals = None if quantiles is None else _total_quantiles(quantiles)
-    _store_predicted_output_len(req, value, source, totals)
-    report(req, META_INFO_KEY, value)
-    if totals is not None:
-        report(req, QUANTILES_META_KEY, totals)
+    _set_first(req, LengthPrediction.of_total(value, source, quantiles), value)
 
 
-def _total_quantiles(values: Sequence[float]) -> Tuple[float, ...]:
-    """Quantiles as the core reads them: floats, at least :data:`MIN_QUANTILE`, non-decreasing (a running maximum
-    undoes a float rounding that crossed two equal ones)."""
-    totals, highest = [], MIN_QUANTILE
-    for value in values:
-        highest = max(highest, float(value))
-        totals.append(highest)
-    return tuple(totals)
+def _set_first(req, made: LengthPrediction, reported: float) -> None:
+    """Store r̂_0 and report it (as ``reported``: the number the source gave) and its quantiles."""
+    _store(req, made)
+    report(req, META_INFO_KEY, reported)
+    if made.predicted_output_quantiles is not None:
+        report(req, QUANTILES_META_KEY, made.predicted_output_quantiles)
 
 
 def set_predicted_remaining(req, value: float, output_len: int,
                             remaining_quantiles: Optional[Sequence[float]] = None) -> None:
     """r̂_t from the running EAGLE-3 draft, read at the ``output_len``-th output token.
 
-    ``value`` is the predicted remaining output tokens (the head's ``log_remaining``, in tokens). The head's
-    value at a token counts that token (the labels are L, L-1, ..., 1 from the first
-    response token on: ``specforge_outlets.data.labels``), so the request is predicted to end after
-    ``output_len - 1 + value`` tokens. That total replaces the prediction every reader uses (the
-    order keys, retraction, KV admission, routing), so each falls by one per token generated until
-    the next value; the first (``output_len == 1``, at prefill) is r̂_0 itself.
+    ``value`` is the predicted remaining output tokens (the head's ``log_remaining``, in tokens), stored as the
+    total :meth:`LengthPrediction.from_remaining` makes of it. That total replaces the prediction every reader uses
+    (the order keys, retraction, KV admission, routing), so each falls by one per token generated until
+    the next value; the first (``output_len == 1``, at prefill) is r̂_0 itself, reported as such.
 
-    ``remaining_quantiles`` (the draft's quantile head, read on the same state) are stored the same
-    way, as total-length quantiles ``output_len - 1 + r_q``, and reported as the remaining-length
-    quantiles after ``output_len`` tokens (``predicted_remaining_quantiles``).
+    ``remaining_quantiles`` (the draft's quantile head, read on the same state) are stored the same way, as
+    total-length quantiles, and reported as the remaining-length quantiles after ``output_len`` tokens
+    (``predicted_remaining_quantiles``).
     """
-    offset = output_len - 1
-    total = offset + float(value)
-    totals = None if remaining_quantiles is None else [offset + float(quantile) for quantile in remaining_quantiles]
+    made = LengthPrediction.from_remaining(value, output_len, remaining_quantiles)
     if output_len <= 1:
-        set_predicted_output_len(req, total, "draft", totals)
+        _set_first(req, made, made.predicted_output_len)
         return
-    totals = None if totals is None else _total_quantiles(totals)
-    _store_predicted_output_len(req, total, "draft", totals)
-    report(req, REMAINING_META_KEY, max(total - output_len, 0.0), at_output=offset)
+    _store(req, made)
+    offset = output_len - 1
+    report(req, REMAINING_META_KEY, max(made.predicted_output_len - output_len, 0.0), at_output=offset)
     report(req, REMAINING_AFTER_META_KEY, output_len, at_output=offset)
-    if totals is not None:
-        report(req, REMAINING_QUANTILES_META_KEY, [max(value - output_len, 0.0) for value in totals], at_output=offset)
+    if made.predicted_output_quantiles is not None:
+        report(req, REMAINING_QUANTILES_META_KEY, made.remaining_quantiles(output_len), at_output=offset)
 
 
-def _store_predicted_output_len(req, value: float, source: str, totals: Optional[Tuple[float, ...]] = None) -> None:
-    setattr(req, ATTR_PREDICTED_OUTPUT_LEN, float(value))
-    setattr(req, ATTR_PREDICTED_OUTPUT_QUANTILES, totals)
-    setattr(req, ATTR_PREDICTED_REMAINING, None)
+def _store(req, made: LengthPrediction) -> None:
+    own = record(req)
+    own.prediction, own.remaining = made, None
     drop_order_keys(req)
-    setattr(req, ATTR_SOURCE, source)
 
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
-    FALLBACKS.record(getattr(req, "rid", "?"), reason)
-    set_predicted_output_len(req, config.prior_output_len, "prior")
+    state.PLUGIN.fallbacks.record(getattr(req, "rid", "?"), reason)
+    set_predicted_output_len(req, config.prior_output_len, PredictionSource.PRIOR)
 
 
 def num_generated(req) -> int:
@@ -162,11 +138,13 @@ def num_generated(req) -> int:
 
 
 def predicted_remaining(req, config: SchedulingConfig) -> float:
-    """Predicted remaining output tokens, cached on the request until it generates a token or is re-predicted."""
-    cached = getattr(req, ATTR_PREDICTED_REMAINING, None)
+    """Predicted remaining output tokens (the prior's when unpredicted), cached on the request until it generates a
+    token or is re-predicted."""
+    own = record(req)
+    cached = own.remaining
     generated = num_generated(req)
     if cached is not None and cached[0] is config and cached[1] == generated:
         return cached[2]
-    value = scheduling.predicted_remaining(predicted_output_len(req), generated, config.prior_output_len)
-    setattr(req, ATTR_PREDICTED_REMAINING, (config, generated, value))
+    value = remaining_or_prior(own.prediction, generated, config)
+    own.remaining = (config, generated, value)
     return value

@@ -9,8 +9,8 @@ the OUTLETS draft backbone and length head over the prompt (position j reads the
 at j and the embedding of token j+1; the last prompt position reads the first sampled token) and
 sets r̂_0 on the request; a draft exported with a quantile head (``outlets_config.quantile_levels``)
 gives the quantiles of the output length at the same position (z quantiles from
-``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, tokens = expm1(z)). Any failure
-falls back to the prior (counted, logged); the request is served either way.
+``OutletsLengthPredictor.log_remaining_quantiles`` on the same state, in tokens by
+``log_remaining_to_tokens``). Any failure falls back to the prior (counted, logged); the request is served either way.
 
 Supported targets: models whose SGLang implementation runs ``sglang.srt.models.llama.LlamaModel``
 (the Llama family, e.g. SmolLM2, Llama 3.x). Prefix caching must be off (``--disable-radix-cache``):
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import List, Optional
 
 from specforge_outlets.model.draft_modes import LLAMA_TARGET
+from specforge_outlets.model.length_head import log_remaining_to_tokens
+from specforge_outlets.scheduling import PredictionSource
 from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.settings import (
@@ -40,11 +41,6 @@ _LLAMA_MODEL = "sglang.srt.models.llama.LlamaModel"
 _WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 _RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 
-ATTR_FEATURES = "outlets_prompt_features"
-
-_state = threading.local()
-_predictor = None  # OutletsLengthPredictor of this scheduler process
-
 
 # -- model load ----------------------------------------------------------------------------------------
 
@@ -53,7 +49,6 @@ def load_model_after(result, self, *args, **kwargs):
     draft_path = state.settings().draft_path
     if draft_path is None or getattr(self, "is_draft_worker", False):
         return result
-    global _predictor
     from sglang.srt.models.llama import LlamaModel
 
     from specforge_outlets.model.plain_draft import OutletsLengthPredictor
@@ -80,7 +75,7 @@ def load_model_after(result, self, *args, **kwargs):
                             inner.config.hidden_size)
     predictor_ = OutletsLengthPredictor(draft_path, inner.embed_tokens)
     inner.outlets_capture_layers = list(predictor_.fusion_layers)
-    _predictor = predictor_
+    state.PLUGIN.predictor = predictor_
     state.log_startup("predictor")
     return result
 
@@ -102,10 +97,10 @@ def llama_model_forward_around(original, self, input_ids, positions, forward_bat
         try:
             import torch
 
-            _state.capture = torch.cat(list(aux), dim=-1)  # [tokens, 3H] where the target runs, its dtype
+            state.PLUGIN.feature_capture.capture = torch.cat(list(aux), dim=-1)  # [tokens, 3H] where the target runs
         except Exception as error:
             logger.warning("OUTLETS feature capture failed: %s", error)
-            _state.capture = None
+            state.PLUGIN.feature_capture.capture = None
         return hidden
     return output
 
@@ -114,11 +109,12 @@ def llama_model_forward_around(original, self, input_ids, positions, forward_bat
 
 
 def forward_batch_generation_around(original, self, batch, *args, **kwargs):
-    if _predictor is None or batch is None:
+    captured = state.PLUGIN.feature_capture
+    if state.PLUGIN.predictor is None or batch is None:
         return original(self, batch, *args, **kwargs)
-    _state.capture = None
+    captured.capture = None
     result = original(self, batch, *args, **kwargs)
-    capture, _state.capture = getattr(_state, "capture", None), None
+    capture, captured.capture = getattr(captured, "capture", None), None
     try:
         if batch.forward_mode.is_extend():
             predict_batch(batch, capture, getattr(result, "next_token_ids", None))
@@ -144,23 +140,23 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         start, offset = offset, offset + length
         if P.predicted_output_len(req) is not None or getattr(req, "output_ids", None):
             continue  # predicted already, or a decode step in a mixed batch
-        features: Optional[list] = getattr(req, ATTR_FEATURES, None)
+        own = P.record(req)
+        features: Optional[list] = own.prompt_features
         if features is None or prefix_lens[index] == 0:  # a prefill from the start, or restarted after a reset
-            features = []
-            setattr(req, ATTR_FEATURES, features)
+            features = own.prompt_features = []
         if capture is None or capture.shape[0] < offset:
-            setattr(req, ATTR_FEATURES, None)
+            own.prompt_features = None
             P.fall_back_to_prior(req, config, "no features captured for the prompt")
             continue
         if prefix_lens[index] != sum(chunk.shape[0] for chunk in features):
-            setattr(req, ATTR_FEATURES, None)
+            own.prompt_features = None
             P.fall_back_to_prior(req, config, f"prompt prefix of {prefix_lens[index]} tokens was not computed")
             continue
         features.append(capture[start:offset])
         prompt = list(req.origin_input_ids)
         if prefix_lens[index] + length < len(prompt):
             continue  # chunked prefill: more chunks to come
-        setattr(req, ATTR_FEATURES, None)
+        own.prompt_features = None
         try:
             if next_token_ids is None:
                 raise RuntimeError("first token not sampled in this pass (delayed sampling)")
@@ -170,7 +166,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
     if not completed:
         return
     # The one synchronisation: the scheduler keeps its requests, and their predictions, on the host.
-    rows = torch.expm1(torch.stack([z for _, z in completed]).float()).clamp_min(0.0).tolist()
+    rows = log_remaining_to_tokens(torch.stack([z for _, z in completed])).tolist()
     for (req, _), row in zip(completed, rows):
         value, quantiles = (row, None) if isinstance(row, float) else (row[0], row[1:])
         if not math.isfinite(value):
@@ -178,7 +174,7 @@ def predict_batch(batch, capture, next_token_ids) -> None:
         elif quantiles is not None and not all(map(math.isfinite, quantiles)):
             P.fall_back_to_prior(req, config, f"quantiles are not finite ({quantiles})")
         else:
-            P.set_predicted_output_len(req, value, "draft", quantiles)
+            P.set_predicted_output_len(req, value, PredictionSource.DRAFT, quantiles)
 
 
 def prompt_outputs(fused_features, prompt, first_token):
@@ -188,13 +184,14 @@ def prompt_outputs(fused_features, prompt, first_token):
     read the same state, at the last prompt position reading the first sampled token."""
     import torch
 
-    if _predictor.quantile_head is None:
-        return _predictor.prompt_log_remaining(fused_features, prompt, first_token)
-    device = _predictor.device
+    predictor = state.PLUGIN.predictor
+    if predictor.quantile_head is None:
+        return predictor.prompt_log_remaining(fused_features, prompt, first_token)
+    device = predictor.device
     ids = torch.as_tensor(list(prompt)[1:], dtype=torch.long).to(device, non_blocking=True)
     first = torch.as_tensor(first_token, dtype=torch.long).to(device).reshape(1)
-    state = _predictor.states(fused_features.to(device), torch.cat([ids, first]))[-1:]
-    return torch.cat([_predictor.log_remaining(state), _predictor.log_remaining_quantiles(state)[0]])
+    last = predictor.states(fused_features.to(device), torch.cat([ids, first]))[-1:]
+    return torch.cat([predictor.log_remaining(last), predictor.log_remaining_quantiles(last)[0]])
 
 
 HOOK_TARGETS = [

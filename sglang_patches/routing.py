@@ -63,21 +63,17 @@ def get_loads_around(original, self):
 
         fields = msgspec.structs.asdict(snapshot)
         return snapshot_class()(**fields, outlets_predicted_work=float(work), outlets_num_requests=len(requests),
-                                outlets_received_requests=_received_requests)
+                                outlets_received_requests=state.PLUGIN.received_requests)
     except Exception as error:  # never break SGLang's own load reporting
         logger.warning("OUTLETS load snapshot failed: %s", error)
         return snapshot
 
 
-_received_requests = 0  # per scheduler process (= per data-parallel rank)
-
-
 def handle_generate_request_before(self, recv_req, *args, **kwargs):
     """Count the generate requests this rank received, health checks excepted (load snapshots)."""
-    global _received_requests
     rid = str(getattr(recv_req, "rid", "") or "")
     if not rid.startswith("HEALTH_CHECK"):
-        _received_requests += 1
+        state.PLUGIN.received_requests += 1
     return None
 
 

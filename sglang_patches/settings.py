@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
 from specforge_outlets.model.draft_config import OutletsDraftConfig
-from specforge_outlets.model.fusion import validate_fusion_layers
+from specforge_outlets.data.fusion_layers import validate_fusion_layers
 from specforge_outlets.scheduling import (
     DEFAULT_AGING_TOKENS_PER_S,
+    DEFAULT_KV_ADMISSION,
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
     KVAdmission,
@@ -30,6 +31,7 @@ from specforge_outlets.scheduling import (
     OrderKey,
     QueuePolicy,
     SchedulingConfig,
+    kv_knob_values,
 )
 from specforge_outlets.model.draft_modes import min_target_layers, target_features_refusal, target_hidden_size
 
@@ -56,15 +58,13 @@ ENV_KV_QUANTILE = "OUTLETS_KV_QUANTILE"
 ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
 
 # KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values; sglang: SGLang's own
-# estimate, the plugin's KV admission off), the default first, and the setting each one reads beside the rule.
-# The default is peak: in the simulated ladder of predictors (docs/admission.md) the charge (predicted) admitted
-# less the more accurate the predictions were (ceiling and oracle 1.3-3x the best tuned SGLang's short P99 at
-# the knees), while the peak put them in order and tied where the cache does not bind; OUTLETS' r̂₀ did better
-# under the peak in 6 of 12 cells and as well in 4, worse only with ChatGPT's lengths in a GPU's own cache.
-KV_ADMISSIONS = (KVAdmission.PEAK, KVAdmission.PREDICTED, KVAdmission.QUANTILE, KVAdmission.PAST_FUTURE,
+# estimate, the plugin's KV admission off), the default (the core's, the simulator's too) first; each rule's
+# strategy declares the knobs it reads beside it (--outlets-kv-margin, --outlets-kv-quantile: kv_admission.rule_knobs).
+KV_ADMISSIONS = (DEFAULT_KV_ADMISSION, KVAdmission.PREDICTED, KVAdmission.QUANTILE, KVAdmission.PAST_FUTURE,
                  KVAdmission.SGLANG)
-KV_MARGIN_READERS = (KVAdmission.PREDICTED,)
-KV_QUANTILE_READERS = (KVAdmission.QUANTILE, KVAdmission.PEAK)
+# The variable and flag of each KV knob (the core's Knob names)
+KV_KNOB_SETTINGS = {"kv_margin": (ENV_KV_MARGIN, "--outlets-kv-margin"),
+                    "kv_quantile": (ENV_KV_QUANTILE, "--outlets-kv-quantile")}
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
 # length class's P99 several times worse than FCFS under overload (docs/serving.md).
@@ -104,8 +104,8 @@ FLAGS = (
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
     ("--outlets-kv-admission", "outlets_kv_admission", ENV_KV_ADMISSION, str,
      f"OUTLETS: how the KV cache admits a waiting request, one of {', '.join(rule.value for rule in KV_ADMISSIONS)} "
-     f"(default {KV_ADMISSIONS[0].value}). {KVAdmission.PEAK.value}: admit a request only while the predicted future "
-     "peak of the KV cache with it fits (nothing charged ahead; each request grows to its predicted end, its "
+     f"(default {DEFAULT_KV_ADMISSION.value}). {KVAdmission.PEAK.value}: admit a request only while the predicted "
+     "future peak of the KV cache with it fits (nothing charged ahead; each request grows to its predicted end, its "
      "--outlets-kv-quantile quantile when it has quantiles, then frees its KV; one that outlived its prediction, or "
      "has none, is predicted from the output lengths seen); "
      f"{KVAdmission.PREDICTED.value}: a request with a prediction is charged its predicted remaining length x "
@@ -115,7 +115,7 @@ FLAGS = (
      f"only, no prediction (LightLLM's past-future scheduler); {KVAdmission.SGLANG.value}: SGLang's own estimate."),
     ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
      f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value} only (not the default, "
-     f"{KV_ADMISSIONS[0].value}; refused without it): the share of the predicted remaining length charged on top "
+     f"{DEFAULT_KV_ADMISSION.value}; refused without it): the share of the predicted remaining length charged on top "
      f"of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
@@ -154,7 +154,7 @@ class PluginSettings:
     # the KV admission rule, the share charged on top of a prediction (predicted) and the quantile of the
     # predicted remaining length charged (quantile) or read as a request's end (peak): the simulator's
     # ClusterConfig fields of the same names
-    kv_admission: KVAdmission = KV_ADMISSIONS[0]
+    kv_admission: KVAdmission = DEFAULT_KV_ADMISSION
     kv_margin: float = DEFAULT_KV_MARGIN
     kv_quantile: float = DEFAULT_KV_QUANTILE
 
@@ -273,30 +273,24 @@ def draft_quantile_levels(path: Optional[str]) -> Optional[Tuple[float, ...]]:
 
 
 def _kv_settings(env: Mapping[str, str]) -> Tuple[KVAdmission, float, float]:
-    """--outlets-kv-admission, --outlets-kv-margin and --outlets-kv-quantile; a margin or quantile given to a rule
-    that does not read it is refused rather than ignored."""
+    """--outlets-kv-admission, --outlets-kv-margin and --outlets-kv-quantile, checked by the scheduling core's
+    ``kv_knob_values`` (the simulator's cluster file's check too)."""
     given = (env.get(ENV_KV_ADMISSION) or "").strip().lower()
-    raw = given or KV_ADMISSIONS[0].value
+    raw = given or DEFAULT_KV_ADMISSION.value
     rules = {rule.value: rule for rule in KV_ADMISSIONS}
     if raw not in rules:
         raise OutletsSettingsError(f"{ENV_KV_ADMISSION} (--outlets-kv-admission)={raw!r}: choose one of "
                                    f"{', '.join(rules)}")
     rule = rules[raw]
-    kv_margin = _env_number(env, ENV_KV_MARGIN, None)
-    if kv_margin is not None and not (kv_margin >= 0 and math.isfinite(kv_margin)):
-        raise OutletsSettingsError(f"{ENV_KV_MARGIN} (--outlets-kv-margin)={env[ENV_KV_MARGIN]!r}: give a number >= 0")
-    kv_quantile = _env_level(env, ENV_KV_QUANTILE, "--outlets-kv-quantile")
-    for value, name, flag, readers in ((kv_margin, ENV_KV_MARGIN, "--outlets-kv-margin", KV_MARGIN_READERS),
-                                       (kv_quantile, ENV_KV_QUANTILE, "--outlets-kv-quantile", KV_QUANTILE_READERS)):
-        if value is not None and rule not in readers:
-            chosen = (f"{ENV_KV_ADMISSION}={rule.value}" if given else
-                      f"the default, --outlets-kv-admission {rule.value} ({ENV_KV_ADMISSION} unset)")
-            rules_reading = ' or '.join(r.value for r in readers)
-            raise OutletsSettingsError(
-                f"{name} ({flag}) is read by --outlets-kv-admission {rules_reading}, not by {chosen}: leave it out "
-                f"or use --outlets-kv-admission {rules_reading}")
-    return (rule, DEFAULT_KV_MARGIN if kv_margin is None else kv_margin,
-            DEFAULT_KV_QUANTILE if kv_quantile is None else kv_quantile)
+    chosen = (f"{ENV_KV_ADMISSION}={rule.value}" if given else
+              f"the default, --outlets-kv-admission {rule.value} ({ENV_KV_ADMISSION} unset)")
+    knobs = {name: (env.get(variable) or "").strip() or None for name, (variable, _) in KV_KNOB_SETTINGS.items()}
+    try:
+        values = kv_knob_values(rule, knobs, lambda name: "{} ({})".format(*KV_KNOB_SETTINGS[name]),
+                                "--outlets-kv-admission", chosen)
+    except ValueError as error:
+        raise OutletsSettingsError(str(error)) from None
+    return rule, values["kv_margin"], values["kv_quantile"]
 
 
 def validate_draft_dir(path: str) -> dict:
@@ -343,7 +337,7 @@ def check_draft_fits_target(draft_path: str, draft_config: dict, num_layers: int
 
     One rule for both places that check it: the launcher (from the target's config.json) and the
     scheduler at model load (from the loaded model). Depths count as everywhere in OUTLETS
-    (``specforge_outlets.model.fusion``); serving adds one limit: SGLang captures a decoder layer's
+    (``specforge_outlets.data.fusion_layers``); serving adds one limit: SGLang captures a decoder layer's
     input, so the last layer's output (index N) cannot be read. The limit and the width are
     ``specforge_outlets.model.draft_modes``' rules, which ``outlets export`` prints.
     """

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from sglang_patches import state
 from sglang_patches.settings import POLICY_NAME
-
-_snapshot_class = None
 
 
 def snapshot_class():
     """``LoadSnapshot`` with the plugin's fields (defined lazily: needs SGLang)."""
-    global _snapshot_class
-    if _snapshot_class is None:
+    if state.PLUGIN.snapshot_class is None:
         from sglang.srt.managers.load_snapshot import LoadSnapshot
 
         # None (the default, left out on the wire): the snapshot is SGLang's own, written by a
@@ -30,8 +28,8 @@ def snapshot_class():
             # generate requests this rank's scheduler has received since it started
             outlets_received_requests: Optional[int] = None
 
-        _snapshot_class = OutletsLoadSnapshot
-    return _snapshot_class
+        state.PLUGIN.snapshot_class = OutletsLoadSnapshot
+    return state.PLUGIN.snapshot_class
 
 
 def install_decoder() -> None:

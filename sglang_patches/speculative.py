@@ -28,6 +28,7 @@ import math
 from sglang_patches import predictions as P
 from sglang_patches import state
 from sglang_patches.settings import ENV_QUANTILE_LEVELS, OutletsSettingsError, same_levels
+from specforge_outlets.model.length_head import log_remaining_to_tokens
 
 logger = logging.getLogger("sglang_patches")
 
@@ -56,16 +57,15 @@ class HostDraftLengthEstimates:
         self.log_quantiles = log_quantiles
 
     def consume(self, batch, commits) -> None:
-        import torch
-
-        predicted_remaining = torch.expm1(self.log_remaining.float()).clamp_min(0.0).tolist()  # tokens, r̂_t
+        predicted_remaining = log_remaining_to_tokens(self.log_remaining).tolist()  # tokens, r̂_t
         if self.log_quantiles is None:
             quantiles = [None] * len(predicted_remaining)
         else:
-            quantiles = torch.expm1(self.log_quantiles.float()).clamp_min(0.0).tolist()
+            quantiles = log_remaining_to_tokens(self.log_quantiles).tolist()
         config = state.settings().scheduling
         for req, commit, value, row in zip(batch.reqs, commits, predicted_remaining, quantiles, strict=True):
-            if commit is None or req.finished() or P.is_external(req):
+            latest = P.prediction(req)
+            if commit is None or req.finished() or (latest is not None and latest.is_external):
                 continue  # a prefill chunk with more to come, nothing left to predict, or the client's prediction
             if not math.isfinite(value) or (row is not None and not all(map(math.isfinite, row))):
                 _fall_back(req, config, f"draft length estimate is not finite ({value}, quantiles {row})")
@@ -125,7 +125,7 @@ def _fall_back(req, config, reason: str) -> None:
     if P.predicted_output_len(req) is None:
         P.fall_back_to_prior(req, config, reason)
     else:
-        P.FALLBACKS.record(req.rid, reason, using="its last prediction")
+        state.PLUGIN.fallbacks.record(req.rid, reason, using="its last prediction")
 
 
 def attach_estimates(draft, batch, result) -> None:

@@ -1,5 +1,8 @@
 """Runtime state of the plugin in one SGLang process: settings, who runs OUTLETS, hooks, metrics, start-up log.
 
+Everything the plugin keeps between hook calls lives in one object, :data:`PLUGIN` (a :class:`PluginState`):
+no other plugin module keeps a module-level value it changes.
+
 A leaf: it imports no other plugin module but ``settings`` (flags and their validation, stateless),
 so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``client_predictions``,
 ``routing``, ``load_endpoint``, ``predictor_mode``, ``speculative``, ``pd_transfer``) all read it and none imports another
@@ -10,11 +13,12 @@ so the hook modules (``cli``, ``ordering``, ``kv_admission``, ``meta_info``, ``c
 from __future__ import annotations
 
 import logging
-from typing import Dict, FrozenSet, Iterable, List, Optional
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set
 
-from sglang_patches.settings import (
-    KV_MARGIN_READERS, KV_QUANTILE_READERS, POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings,
-)
+from sglang_patches.settings import POLICY_NAME, OutletsSettingsError, PluginSettings, read_settings
+from specforge_outlets.scheduling import OutputLengthHistory, SchedulingConfig, rule_knobs
 
 logger = logging.getLogger("sglang_patches")
 
@@ -22,21 +26,16 @@ logger = logging.getLogger("sglang_patches")
 # Settings
 # --------------------------------------------------------------------------------------------
 
-_settings: Optional[PluginSettings] = None
-
-
 def settings() -> PluginSettings:
     """The plugin's settings in this process (read once from the OUTLETS_* environment)."""
-    global _settings
-    if _settings is None:
-        _settings = read_settings()
-    return _settings
+    if PLUGIN.settings is None:
+        PLUGIN.settings = read_settings()
+    return PLUGIN.settings
 
 
 def use_settings(chosen: Optional[PluginSettings]) -> None:
     """Make ``chosen`` this process's settings (None: read the environment again on next use)."""
-    global _settings
-    _settings = chosen
+    PLUGIN.settings = chosen
 
 
 def reset_settings() -> None:
@@ -83,22 +82,20 @@ SPECULATIVE = "EAGLE-3 mode (an outlets export as --speculative-draft-model-path
 # (requirements/serve-cpu.txt pins the newest); private methods among them move between releases.
 TESTED_SGLANG_VERSIONS = ("0.5.23",)
 
-_features_of: Dict[str, FrozenSet[str]] = {}  # every registered target -> the features that need it
-
 
 def record_target(target: str, features: Iterable[str]) -> None:
     """Note a target the registry registered and the features that need it."""
-    _features_of[target] = frozenset(features)
+    PLUGIN.features_of[target] = frozenset(features)
 
 
 def registered_targets() -> List[str]:
-    return list(_features_of)
+    return list(PLUGIN.features_of)
 
 
 def applied_targets() -> List[str]:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    return [target for target in _features_of if target in HookRegistry._patched]
+    return [target for target in PLUGIN.features_of if target in HookRegistry._patched]
 
 
 def installed_sglang_version() -> str:
@@ -119,7 +116,7 @@ def check_hooks(features) -> None:
     if version not in TESTED_SGLANG_VERSIONS:
         problems.append(f"SGLang {version} is installed, the plugin is tested with {', '.join(TESTED_SGLANG_VERSIONS)}")
     applied = set(applied_targets())
-    missing = [target for target, needed in _features_of.items() if needed & features and target not in applied]
+    missing = [target for target, needed in PLUGIN.features_of.items() if needed & features and target not in applied]
     if missing:
         problems.append(f"hooks that {', '.join(sorted(features - {CLI}))} needs did not apply: {', '.join(missing)}")
     if problems:
@@ -199,45 +196,81 @@ class _Metrics:
             self._unpredicted_transfers.inc()
 
 
-_metrics = _Metrics()
+class FallbackCounter:
+    """Counts predictions that failed and fell back to the prior (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def record(self, rid, reason: str, using: str = "the prior") -> int:
+        with self._lock:
+            self.count += 1
+            count = self.count
+        logger.warning("OUTLETS prediction failed for request %s (%s): using %s; failures so far: %d",
+                       rid, reason, using, count)
+        return count
+
+
+@dataclass
+class PluginState:
+    """What the plugin keeps between hook calls in one process, in one place (:data:`PLUGIN`)."""
+
+    settings: Optional[PluginSettings] = None  # read once from the OUTLETS_* environment (settings())
+    loaded: bool = False  # sglang_patches.load() registered the hooks
+    features_of: Dict[str, FrozenSet[str]] = field(default_factory=dict)  # registered target -> features needing it
+    metrics: _Metrics = field(default_factory=_Metrics)
+    once: Set[str] = field(default_factory=set)  # the one-time log lines given (first_time())
+    speculative_predictions: bool = False  # EAGLE-3 mode found our draft behind this process's speculative worker
+    fallbacks: FallbackCounter = field(default_factory=FallbackCounter)  # predictions that fell back
+    output_lengths: OutputLengthHistory = field(default_factory=OutputLengthHistory)  # finished requests' (peak rules)
+    order_keys: Any = None  # ordering's CachedOrderKeys, for the scheduling config it was made for
+    key_tables: Dict[SchedulingConfig, Any] = field(default_factory=dict)  # key_tables.KeyTable per scheduling config
+    predictor: Any = None  # predictor-only mode: this scheduler's OutletsLengthPredictor
+    feature_capture: threading.local = field(default_factory=threading.local)  # predictor-only: the target's features
+    received_requests: int = 0  # generate requests this scheduler (= data-parallel rank) received
+    load_failures: int = 0  # /get_load reads that fell back to SGLang's token load
+    snapshot_class: Optional[type] = None  # LoadSnapshot with the plugin's fields (snapshots.snapshot_class())
+
+
+PLUGIN = PluginState()
 
 
 def metrics() -> _Metrics:
-    return _metrics
+    return PLUGIN.metrics
 
 
-_logged = set()
-_speculative_predictions = False  # EAGLE-3 mode found our draft behind this process's speculative worker
+def first_time(what: str) -> bool:
+    """True the first time it is asked about ``what`` in this process: for log lines given once."""
+    if what in PLUGIN.once:
+        return False
+    PLUGIN.once.add(what)
+    return True
 
 
 def use_speculative_predictions() -> None:
     """Note that this process predicts from the running EAGLE-3 draft (``speculative.worker_init_after``)."""
-    global _speculative_predictions
-    _speculative_predictions = True
+    PLUGIN.speculative_predictions = True
 
 
 def log_startup(where: str) -> None:
-    if where in _logged:
+    if not first_time(f"start-up log: {where}"):
         return
-    _logged.add(where)
     current = settings()
     if current.draft_path:
         mode = f"predictor-only (OUTLETS draft {current.draft_path})"
-    elif _speculative_predictions:
+    elif PLUGIN.speculative_predictions:
         mode = "EAGLE-3 (the speculative OUTLETS draft's length head: r̂_0 at prefill, r̂_t after each verify)"
     else:
         mode = "external predictions (sampling_params.custom_params) with the prior as fallback"
     config = current.scheduling
-    kv = current.kv_admission.value
-    if current.kv_admission in KV_MARGIN_READERS:
-        kv += f" (kv_margin={current.kv_margin:g})"
-    elif current.kv_admission in KV_QUANTILE_READERS:
-        kv += f" (kv_quantile={current.kv_quantile:g})"
+    kv = current.kv_admission.value + "".join(f" ({knob.name}={getattr(current, knob.name):g})"
+                                               for knob in rule_knobs(current.kv_admission))
     long_class = "" if config.long_class_quantile is None else f", long_class_quantile={config.long_class_quantile:g}"
     logger.info(
         "OUTLETS %s: mode=%s, order=%s (long_output_len=%g, long_holdback=%g, aging_tokens_per_s=%g, "
         "order_key=%s%s, quantile_levels=%s), kv_admission=%s, prior_output_len=%g, hooks applied: %d/%d",
         where, mode, current.order.value, config.long_output_len, config.long_holdback, config.aging_tokens_per_s,
         config.order_key.value, long_class, ",".join(f"{level:g}" for level in config.quantile_levels),
-        kv, config.prior_output_len, len(applied_targets()), len(_features_of),
+        kv, config.prior_output_len, len(applied_targets()), len(PLUGIN.features_of),
     )

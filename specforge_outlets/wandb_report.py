@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from urllib.parse import urlparse
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.strict_json import json_safe
 
 Table = Tuple[List[str], List[List[Any]]]  # columns, rows
 LOCAL_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no account
@@ -52,28 +53,12 @@ def check_login(args) -> None:
                            "run `wandb login`, set WANDB_MODE=offline, or pass --report-to none")
 
 
-def summary_rows_table(runs: Sequence[Dict[str, Any]]) -> Table:
-    """A summary.json's ``runs`` as one table: each row's own fields, then ``CLASS/metric`` columns."""
-    from specforge_outlets.serving.metrics import CLASSES, json_safe
-
-    columns: List[str] = []
-    flat_rows = []
-    for run in runs:
-        flat = {key: value for key, value in run.items() if key != "metrics" and not isinstance(value, (dict, list))}
-        flat.update({f"{cls}/{key}": value for cls in CLASSES for key, value in run["metrics"][cls].items()})
-        columns += [key for key in flat if key not in columns]
-        flat_rows.append(flat)
-    return columns, [[json_safe(row.get(column)) for column in columns] for row in flat_rows]
-
-
 def log_run(args, job_type: str, output_dir: str, config: Dict[str, Any], tables: Dict[str, Table],
             images: Sequence[str] = ()) -> None:
     """Log ``tables`` and ``images`` as one wandb run when ``--report-to wandb``; else nothing."""
     if getattr(args, "report_to", "none") != "wandb":
         return
     import wandb
-
-    from specforge_outlets.serving.metrics import json_safe
 
     run = wandb.init(project=args.wandb_project, name=os.path.basename(os.path.normpath(output_dir)),
                      job_type=job_type, config=json_safe(config), dir=output_dir)

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from specforge_outlets.cli import main
-from specforge_outlets.serving.metrics import json_safe, percentile, summarize_requests
+from specforge_outlets.serving.metrics import percentile, summarize_requests
+from specforge_outlets.strict_json import json_safe
 
 
 class StubGenerateServer:
@@ -172,6 +173,8 @@ def test_burst_run_writes_summary_records_and_predictions(tmp_path, stub, capsys
     assert all(record["success"] and record["url"] == stub.url and record["prompt_len"] == 3 for record in records)
     assert {body["sampling_params"]["max_new_tokens"] for _, body in stub.received} == {4}
     assert all(body["stream"] and "text" in body for _, body in stub.received)
+    assert run["total_input_tokens"] == 18 and run["max_concurrent_requests"] == 6  # 6 prompts of 3 tokens at once
+    assert run["total_throughput"] == pytest.approx((18 + run["total_output_tokens"]) / run["duration"])
     assert "| all | 6 | 0 |" in (tmp_path / "run" / "summary.md").read_text()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["requests.jsonl", "summary.json", "summary.md"]
 
@@ -401,6 +404,58 @@ def test_compare_runs_puts_a_bench_run_next_to_a_simulation(tmp_path, stub, caps
     assert (tmp_path / "one" / "table.png").stat().st_size > 0
 
 
+def write_summary_dir(directory, kind, row):
+    directory.mkdir()
+    (directory / "summary.json").write_text(json.dumps({"kind": kind, "runs": [row]}))
+    return str(directory)
+
+
+def test_compare_runs_prints_the_sglang_keys_metrics_names_and_refuses_an_unknown_one(tmp_path, capsys):
+    empty = {"requests": 0}
+    simulated = write_summary_dir(tmp_path / "sim", "simulate", {"label": "sim", "offered_rps": 2.0, "metrics": {
+        "all": {"e2e_p99_s": 1.5, "e2e_p50_s": 0.5, "throughput_tok_s": 90.0, "goodput_rps": 0.5, "slo_attainment": 0.25},
+        "short": {"e2e_p99_s": 0.75, "goodput_rps": 0.5, "slo_attainment": 0.5}, "long": empty}})
+    # a bench-serving row: SGLang's keys over the successful requests beside ours, where a failure is inf
+    measured = write_summary_dir(tmp_path / "real", "bench-serving", {"label": "real", "offered_rps": 2.0, "p99_e2e_latency_ms": 1200.0,
+                                                     "request_goodput": 0.4, "metrics": {
+        "all": {"e2e_p99_s": "inf", "failed": 1}, "short": {"e2e_p99_s": "inf"}, "long": empty}})
+    chosen = "p99_e2e_latency_ms,short_p99_e2e_latency_ms,request_goodput,short_slo_attainment,failed"
+    assert main(["compare-runs", simulated, measured, "--metrics", chosen, "--output", str(tmp_path / "cmp")]) == 0
+    lines = [line for line in (tmp_path / "cmp" / "compare.md").read_text().splitlines() if line.startswith("| ")]
+    assert lines[0] == "| run | label | kind | " + chosen.replace(",", " | ") + " |"
+    assert lines[1] == "| sim | sim | simulate | 1500.0 | 750.0 | 0.50 | 0.50 | 0 |"  # ms from the simulator's s
+    assert lines[2] == "| real | real | bench-serving | 1200.0 | inf | 0.40 | – | 1 |"
+
+    assert main(["compare-runs", simulated, "--output", str(tmp_path / "default")]) == 0
+    header = (tmp_path / "default" / "compare.md").read_text().split("\n| ", 1)[1].split("\n")[0]
+    assert "p99_ttft_ms" in header and "request_goodput" in header and "short_p99_e2e_latency_ms" in header
+    assert " s |" not in header  # no more columns in seconds
+
+    capsys.readouterr()
+    code = main(["compare-runs", simulated, "--metrics", "p99_ttft_ms,p99_ttft", "--output", str(tmp_path / "bad")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "--metrics: unknown key 'p99_ttft'" in err
+    assert "valid keys: offered_rps, completed" in err and "mean_tpot_ms" in err and not (tmp_path / "bad").exists()
+
+
+def test_sglang_result_adds_input_tokens_total_throughput_and_peak_concurrency():
+    from specforge_outlets.loadgen.client import RequestRecord
+    from specforge_outlets.loadgen.sglang_result import sglang_result
+
+    def record(sent, e2e, prompt_len, success=True):
+        return RequestRecord(id=f"r{sent}", url="u", scheduled_s=sent, sent_s=sent, ttft_s=0.1, e2e_s=e2e,
+                             prompt_len=prompt_len, output_len=4, success=success)
+
+    # in flight: 0-1.2 s and 0.5-0.7 s (both in second 0), 3.0-3.5 s alone; the failed one is not counted
+    records = [record(0.0, 1.2, 10), record(0.5, 0.2, 20), record(3.0, 0.5, 5), record(0.2, 0.1, 99, success=False)]
+    result = sglang_result(records, duration_s=4.0)
+    assert result["total_input_tokens"] == 35 and result["input_throughput"] == pytest.approx(35 / 4.0)
+    assert result["total_output_tokens"] == 12 and result["total_throughput"] == pytest.approx(47 / 4.0)
+    assert result["max_concurrent_requests"] == 2
+    unknown = sglang_result([record(0.0, 1.0, None)], duration_s=1.0)  # a prompt the server did not count
+    assert json_safe(unknown)["total_input_tokens"] is None and json_safe(unknown)["total_throughput"] is None
+
+
 SERVE_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-serve", "bin", "python")
 
 
@@ -415,7 +470,7 @@ def test_compare_runs_reads_a_stock_sglang_bench_serving_result_beside_ours_with
     stock = tmp_path / "sglang.jsonl"
     with StubGenerateServer() as server:
         result = subprocess.run(
-            [SERVE_PYTHON, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+            [SERVE_PYTHON, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", server.url,
              "--dataset-name", "random-ids", "--random-input-len", "8", "--random-output-len", "4",
              "--random-range-ratio", "1", "--num-prompts", "4", "--request-rate", "inf", "--tokenizer", tokenizer,
              "--model", tokenizer, "--goodput", "e2el:60000", "--output-file", str(stock), "--output-details"],
@@ -429,7 +484,8 @@ def test_compare_runs_reads_a_stock_sglang_bench_serving_result_beside_ours_with
     row = summary["runs"][0]
     ours = {key for key in row if key not in ("label", "offered_rps", "metrics")}
     assert ours <= set(theirs), ours - set(theirs)  # every SGLang key we write is one SGLang writes
-    assert {"p99_ttft_ms", "median_e2e_latency_ms", "output_throughput", "request_goodput"} <= ours
+    assert {"p99_ttft_ms", "median_e2e_latency_ms", "output_throughput", "request_goodput", "total_input_tokens",
+            "input_throughput", "total_throughput", "max_concurrent_requests"} <= ours
     assert row["goodput_slos_ms"] == {"e2el": 60000.0, "tpot": 1000.0} and row["completed"] == 4  # e2e read as e2el
     assert row["request_goodput"] == pytest.approx(4 / row["duration"])
     assert row["median_e2e_latency_ms"] == pytest.approx(1e3 * row["metrics"]["all"]["e2e_p50_s"])
@@ -437,11 +493,15 @@ def test_compare_runs_reads_a_stock_sglang_bench_serving_result_beside_ours_with
 
     assert main(["compare-runs", str(tmp_path / "ours"), str(stock), "--output", str(tmp_path / "cmp")]) == 0
     lines = [line for line in (tmp_path / "cmp" / "compare.md").read_text().splitlines() if line.startswith("| ")]
-    stock_line = next(line for line in lines if "sglang.bench_serving" in line)
-    cells = [cell.strip() for cell in stock_line.strip("|").split("|")]
-    assert cells[:3] == ["sglang.jsonl", "sglang random-ids rate inf", "sglang.bench_serving"]
-    assert cells[4] == f"{theirs['output_throughput']:.0f}" and cells[5:8] == ["–", "–", "–"]  # no length classes
-    assert cells[8] == f"{theirs['p99_e2e_latency_ms'] / 1e3:.2f}" and cells[-1] == "0"  # --output-details: no errors
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    stock_line = next(line for line in lines if "sglang.benchmark.serving" in line)
+    cells = dict(zip(header, (cell.strip() for cell in stock_line.strip("|").split("|"))))
+    assert [cells[key] for key in ("run", "label", "kind")] == ["sglang.jsonl", "sglang random-ids rate inf",
+                                                                 "sglang.benchmark.serving"]
+    assert cells["output_throughput"] == f"{theirs['output_throughput']:.0f}"
+    assert cells["short_p99_e2e_latency_ms"] == cells["long_p99_e2e_latency_ms"] == "–"  # no length classes
+    assert cells["p99_e2e_latency_ms"] == f"{theirs['p99_e2e_latency_ms']:.1f}"
+    assert cells["request_goodput"] == f"{theirs['request_goodput']:.2f}" and cells["failed"] == "0"  # no errors
     assert any("| ours |" in line for line in lines)
 
 
@@ -466,7 +526,7 @@ def test_compare_runs_refuses_a_file_that_is_not_a_sglang_result(tmp_path, capsy
     (tmp_path / "other.jsonl").write_text('{"backend": "sglang", "completed": 3}\n')
     assert main(["compare-runs", str(tmp_path / "other.jsonl"), "--output", str(tmp_path / "cmp")]) == 2
     err = capsys.readouterr().err
-    assert "other.jsonl:1: no duration, output_throughput" in err and "not a sglang.bench_serving result" in err
+    assert "other.jsonl:1: no duration, output_throughput" in err and "not a sglang.benchmark.serving result" in err
 
 
 def test_compare_runs_names_a_missing_or_malformed_summary(tmp_path, capsys):

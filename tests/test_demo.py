@@ -7,8 +7,8 @@ import sys
 
 import yaml
 
+from specforge_outlets.data.weight_index import write_weight_index
 from specforge_outlets.model.tiny_chat_target import make_chat_target
-from specforge_outlets.model.weight_index import write_weight_index
 from tests.tiny_target import write_draft_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,6 +24,8 @@ from specforge_outlets.scheduling import (
     VLLMAdmission,
     create_admission,
     future_peak,
+    kv_knob_values,
+    rule_knobs,
 )
 from specforge_outlets.simulation.vllm_admission import VLLM_0_13, VLLM_0_34
 
@@ -93,6 +95,42 @@ def test_the_factory_gives_each_rule_its_strategy():
         create_admission(KVAdmission.VLLM, CONFIG)
     with pytest.raises(ValueError, match="reserves per request"):
         create_admission(KVAdmission.MAX_NEW_TOKENS, CONFIG)
+
+
+def test_each_rule_declares_the_knobs_its_strategy_reads():
+    knobs = {rule.value: [knob.name for knob in rule_knobs(rule)] for rule in KVAdmission}
+    assert knobs == {"max-new-tokens": [], "predicted": ["kv_margin"], "sglang": [], "vllm": [], "vllm-0.13": [],
+                     "quantile": ["kv_quantile"], "peak": ["kv_quantile"], "past-future": []}
+    # what the factory builds reads them: past-future's peak has no quantiles to read a level of
+    quantiles = (10.0, 20.0, 30.0, 40.0, 50.0)
+    request = KVRequest(0, 0, 1000, 30.0, quantiles)
+    past_future = [create_admission(KVAdmission.PAST_FUTURE, CONFIG, kv_quantile=level) for level in (0.1, 0.9)]
+    assert past_future[0].predicted_total(request) == past_future[1].predicted_total(request)
+    assert (create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.1).predicted_total(request)
+            < create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.9).predicted_total(request))
+
+
+def knob_values(rule, **given):
+    return kv_knob_values(rule, given, lambda name: f"field {name}", "rule", f"rule {rule.value}")
+
+
+def test_one_check_of_the_knobs_gives_defaults_and_refuses_what_the_rule_does_not_read():
+    assert knob_values(KVAdmission.PEAK) == {"kv_margin": 0.2, "kv_quantile": 0.9}
+    assert knob_values(KVAdmission.PREDICTED, kv_margin="0.5") == {"kv_margin": 0.5, "kv_quantile": 0.9}
+    assert knob_values(KVAdmission.QUANTILE, kv_margin=None, kv_quantile=0.5) == {"kv_margin": 0.2, "kv_quantile": 0.5}
+    for rule, given, message in (
+        (KVAdmission.PREDICTED, {"kv_margin": -1}, "field kv_margin=-1: give a number >= 0"),
+        (KVAdmission.PREDICTED, {"kv_margin": "inf"}, "field kv_margin='inf': give a number >= 0"),
+        (KVAdmission.PEAK, {"kv_quantile": True}, "field kv_quantile=True: give a level strictly between 0 and 1, "
+                                                  "e.g. 0.9"),
+        (KVAdmission.PEAK, {"kv_margin": 0.1}, "field kv_margin is read by rule predicted, not by rule peak: leave it "
+                                               "out or use rule predicted"),
+        (KVAdmission.PAST_FUTURE, {"kv_quantile": 0.5}, "field kv_quantile is read by rule quantile or peak, not by "
+                                                        "rule past-future: leave it out or use rule quantile or peak"),
+    ):
+        with pytest.raises(ValueError) as refusal:
+            knob_values(rule, **given)
+        assert str(refusal.value) == message
 
 
 # --- the future peak ------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import CacheState, DecodePreallocAdmission, KVRequest, SchedulingConfig
 from specforge_outlets.simulation import sglang_admission
 from specforge_outlets.simulation.cluster import PredictionPoint, cluster_config_from_dict
-from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.schedulers import SGLangColocatedScheduler, SGLangDecodeScheduler
 from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from specforge_outlets.serving.trace import Trace
@@ -50,7 +51,7 @@ def test_a_retracted_request_on_a_decode_instance_resumes_before_any_new_prompt_
     simulation = Simulation(trace, [None] * 60, cluster, Policy(routing_policy("round-robin"), queue_policy("fcfs")),
                             SchedulingConfig())
     admitted_while_retracted, prefilled = [], []
-    take_head, start_segment = EngineInstance._take_head, EngineInstance._start_segment
+    take_head, start_segment = SGLangDecodeScheduler._take_head, SGLangDecodeScheduler._start_segment
 
     def recorded_take_head(self, now, reservation):
         admitted_while_retracted.append(bool(self.retracted))
@@ -60,8 +61,8 @@ def test_a_retracted_request_on_a_decode_instance_resumes_before_any_new_prompt_
         prefilled.append(bool(self.prefilling))
         start_segment(self, now)
 
-    monkeypatch.setattr(EngineInstance, "_take_head", recorded_take_head)
-    monkeypatch.setattr(EngineInstance, "_start_segment", recorded_start_segment)
+    monkeypatch.setattr(SGLangDecodeScheduler, "_take_head", recorded_take_head)
+    monkeypatch.setattr(SGLangDecodeScheduler, "_start_segment", recorded_start_segment)
     result = simulation.run()
     assert np.isfinite(result.finish_times).all() and result.retractions.sum() > 0
     assert admitted_while_retracted and not any(admitted_while_retracted) and not any(prefilled)
@@ -128,7 +129,7 @@ def record_peak_rounds(monkeypatch) -> list:
     requests (queue order) hold once prefilled and the decode steps each has left by its true length, the
     free running slots, and how many the round admitted."""
     rounds = []
-    sglang_round = EngineInstance._sglang_round
+    admission_round = SGLangColocatedScheduler._admission_round
 
     def recorded(engine, now):
         steps = engine.steps_done
@@ -139,11 +140,11 @@ def record_peak_rounds(monkeypatch) -> list:
         slots = engine.max_running - len(engine.running) - len(engine.prefilling)
         asked = bool(engine.queue) and not (engine.batch_is_full and engine.running)
         before = len(engine.queue)
-        sglang_round(engine, now)
+        admission_round(engine, now)
         if asked:
             rounds.append((engine.capacity, running, waiting, slots, before - len(engine.queue)))
 
-    monkeypatch.setattr(EngineInstance, "_sglang_round", recorded)
+    monkeypatch.setattr(SGLangColocatedScheduler, "_admission_round", recorded)
     return rounds
 
 

@@ -6,11 +6,11 @@ import torch
 from safetensors.torch import load_file
 
 from specforge_outlets.cli import main
+from specforge_outlets.evaluation import quantile_refit_command as refit
 from specforge_outlets.evaluation.heads import Standardised, mlp
 from specforge_outlets.evaluation.outlets_predictor import load_draft
 from specforge_outlets.evaluation.requests import load_split
 from specforge_outlets.model.plain_draft import OutletsLengthPredictor
-from specforge_outlets.training import quantile_refit_command as refit
 from tests.test_eval import chat, make_export  # noqa: F401  (module fixture)
 
 LEVELS = (0.1, 0.5, 0.9)

@@ -79,3 +79,35 @@ def test_the_label_set_drafts_and_variants_change_the_setting_they_name(monkeypa
     assert base.settings.gated_attention and not loaded["plain-attention"].settings.gated_attention
     assert loaded["head-on-fused"].settings.head_input == HeadInput.FUSED != base.settings.head_input
     assert loaded["last-layer"].settings.target_features == TargetFeatures.LAST_LAYER != base.settings.target_features
+
+
+def test_outlets_recipes_lists_every_shipped_recipe_and_a_name_or_checkout_path_resolves_anywhere(monkeypatch, tmp_path,
+                                                                                                  capsys):
+    from specforge_outlets import resources
+    from specforge_outlets.cli import main
+
+    assert main(["recipes"]) == 0
+    listed = capsys.readouterr().out
+    for path in glob.glob(os.path.join(ROOT, "recipes", "*.yaml")):
+        name = os.path.basename(path)[: -len(".yaml")]
+        line = next(line for line in listed.splitlines() if line.split()[:1] == [name])
+        assert line.rstrip().endswith(path) and ("outlets train" in line) == ("outlets:" in open(path).read())
+
+    monkeypatch.chdir(tmp_path)  # no recipes/ here
+    shipped = os.path.join(ROOT, "recipes", "llama3.1-8b-outlets.yaml")
+    for given in ("llama3.1-8b-outlets", "llama3.1-8b-outlets.yaml", "recipes/llama3.1-8b-outlets.yaml"):
+        assert resources.resolve_recipe(given) == shipped
+    assert load_recipe("llama3.2-1b-outlets").config.training.strategy == "eagle3-outlets"
+    with pytest.raises(OutletsError, match=r"recipe llama-99b does not exist; the shipped recipes are in .*recipes "
+                                           r"\(list them: outlets recipes"):
+        load_recipe("llama-99b")
+
+
+def test_outlets_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    from specforge_outlets.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"outlets {version('specforge-outlets')}"

@@ -11,7 +11,10 @@ import pytest
 from specforge_outlets.scheduling import (
     MIN_PREDICTED_REMAINING,
     FCFSRequestQueue,
+    KVRequest,
     LeastPredictedWorkRouter,
+    LengthPrediction,
+    PredictionSource,
     LeastRequestsRouter,
     PowerOfTwoRouter,
     QueuePolicy,
@@ -31,6 +34,7 @@ from specforge_outlets.scheduling import (
     predicted_output_budget,
     predicted_remaining,
     rank_load,
+    remaining_or_prior,
     retraction_order_key,
     short_merge_key,
     sjf_sort_key,
@@ -57,6 +61,28 @@ def test_predicted_remaining_subtracts_generated_tokens_and_uses_prior_when_unkn
     assert predicted_remaining(None, 6, prior_output_len=256) == 250.0
     # A request that ran past its prediction is about to finish, not negative work.
     assert predicted_remaining(10.0, 50, prior_output_len=256) == MIN_PREDICTED_REMAINING
+
+
+
+def test_a_prediction_from_the_head_keeps_the_total_and_reads_the_remaining_at_any_age():
+    """The head's r̂ₜ at the t-th output token counts that token: the request ends after t - 1 + r̂ₜ tokens."""
+    prediction = LengthPrediction.from_remaining(120.0, 3, remaining_quantiles=[0.0, 50.0, 40.0])
+    assert (prediction.predicted_output_len, prediction.source, prediction.at_generated) == (122.0, "draft", 3)
+    assert prediction.predicted_output_quantiles == (2.0, 52.0, 52.0)  # totals, non-decreasing
+    assert prediction.remaining(3) == 119.0 and prediction.remaining(500) == MIN_PREDICTED_REMAINING
+    assert prediction.remaining_quantiles(3) == (0.0, 49.0, 49.0)
+    config = SchedulingConfig(prior_output_len=256)
+    assert remaining_or_prior(prediction, 22, config) == 100.0 and remaining_or_prior(None, 6, config) == 250.0
+    external = LengthPrediction.of_total(40, "external")
+    assert external.is_external and external.source is PredictionSource.EXTERNAL
+    assert external.predicted_output_quantiles is None and not prediction.is_external
+
+
+def test_kv_admission_reads_a_prediction_as_its_total_and_quantiles():
+    prediction = LengthPrediction.of_total(90.0, PredictionSource.PREFILL, [10.0, 90.0, 200.0])
+    assert KVRequest.from_prediction(prediction, 4, 2, 500, held=9) == KVRequest(
+        4, 2, 500, 90.0, (10.0, 90.0, 200.0), False, 9)
+    assert KVRequest.from_prediction(None, 4, 2, 500, ignore_eos=True) == KVRequest(4, 2, 500, ignore_eos=True)
 
 
 def test_sjf_key_orders_shortest_remaining_first_and_ties_by_arrival():

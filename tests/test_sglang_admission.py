@@ -35,7 +35,8 @@ from specforge_outlets.scheduling import (  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation import sglang_admission  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
-from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.schedulers import SGLangColocatedScheduler, Scheduler  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 
 CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
@@ -90,7 +91,7 @@ def sglang_req(held: Held):
     req.retraction_count = held.retractions
     from sglang_patches import predictions
 
-    setattr(req, predictions.ATTR_ARRIVAL, held.arrival)
+    predictions.record(req).arrival = held.arrival
     if held.predicted_output_len is not None:
         predictions.set_predicted_output_len(req, held.predicted_output_len, "external")
     return req
@@ -120,7 +121,7 @@ def plugin_hooks(monkeypatch, settings: dict):
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     state.reset_settings()
-    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())  # nor lengths another test's batches recorded
+    monkeypatch.setattr(state.PLUGIN, "output_lengths", OutputLengthHistory())  # nor another test's lengths
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
     # SGLang's own functions, unwrapped where another test applied the plugin's registry for good
     # (its hooks would then run twice, and the peak round's bookkeeping count each request twice)
@@ -206,7 +207,7 @@ def sglang_retraction(pools, running: List[Held], capacity: int = CAPACITY) -> T
 # --- the simulator, instrumented where it decides --------------------------------------------------
 
 
-def held_of(engine: EngineInstance, request) -> Held:
+def held_of(engine: Scheduler, request) -> Held:
     generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
     return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request),
                 request.predicted_output_len_at(generated), request.arrival_time, request.retractions)
@@ -224,7 +225,7 @@ class Recorder:
     def __init__(self, monkeypatch) -> None:
         self.rounds, self.retractions = [], []
         self.histories = []  # per round, the output lengths the engine's peak admission had seen (oldest first)
-        round_, make_room = EngineInstance._sglang_round, EngineInstance._make_room
+        round_, make_room = SGLangColocatedScheduler._admission_round, SGLangColocatedScheduler._make_room
         recorder = self
 
         def recorded_round(engine, now):
@@ -234,7 +235,7 @@ class Recorder:
             waiting = len(engine.queue)
             state = ([held_of(engine, r) for r in engine.running.values()],
                      [held_of(engine, r) for r in pop_order(engine.queue, now)], engine.new_token_ratio.current)
-            history = list(engine.history or ())
+            history = list(engine.history)
             round_(engine, now)
             if compared:
                 recorder.rounds.append((*state, waiting - len(engine.queue), engine.batch_is_full))
@@ -250,17 +251,22 @@ class Recorder:
                 recorder.retractions.append((running, gone, engine.new_token_ratio.current))
             return retracted
 
-        monkeypatch.setattr(EngineInstance, "_sglang_round", recorded_round)
-        monkeypatch.setattr(EngineInstance, "_make_room", recorded_make_room)
+        monkeypatch.setattr(SGLangColocatedScheduler, "_admission_round", recorded_round)
+        monkeypatch.setattr(SGLangColocatedScheduler, "_make_room", recorded_make_room)
+
+
+def margin_read_by(rule: str) -> dict:
+    """The cluster's kv_margin where the rule reads it (the plugin's and the simulator's check refuses it elsewhere)."""
+    return {"kv_margin": KV_MARGIN} if rule == "predicted" else {}
 
 
 def run_sglang_admission(trace: Trace, queue: str = "fcfs", predictions: Optional[list] = None,
                          admission: str = "predicted"):
     """The simulator on ``trace``: SGLang's admission, or with ``predictions`` (known on arrival) the plugin's."""
+    rule = "sglang" if predictions is None else admission
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
                                         "max_new_tokens": MAX_NEW_TOKENS, "chunked_prefill_size": 8192,
-                                        "kv_admission": "sglang" if predictions is None else admission,
-                                        "kv_margin": KV_MARGIN, "predict_at": "arrival"}, "test")
+                                        "kv_admission": rule, **margin_read_by(rule), "predict_at": "arrival"}, "test")
     policy = Policy(routing_policy("round-robin"), queue_policy(queue))
     return Simulation(trace, predictions or [None] * len(trace), cluster, policy, SchedulingConfig()).run()
 
@@ -348,7 +354,7 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
                                                          plugin_peak_admission, monkeypatch):
     """The peak's gate in ``add_one_req`` (and its zero charges) on SGLang's rounds, with the output lengths the
     simulated instance had seen finish as the plugin's history; every retraction as SGLang's with the plugin's order."""
-    from sglang_patches import kv_admission
+    from sglang_patches import state
 
     recorder = Recorder(monkeypatch)
     result = run_sglang_admission(busy_trace, "tail-safe", rough_predictions, "peak")
@@ -361,7 +367,7 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
         history = OutputLengthHistory()
         for length in lengths:
             history.record(length)
-        monkeypatch.setattr(kv_admission, "HISTORY", history)
+        monkeypatch.setattr(state.PLUGIN, "output_lengths", history)
         assert (admitted, full) == sglang_round(sglang_pools, running, waiting, ratio), (running, waiting, lengths)
     for running, gone, ratio in recorder.retractions:
         expected, expected_ratio = sglang_retraction(sglang_pools, running)
@@ -369,28 +375,28 @@ def test_peak_admission_decides_as_sglang_with_the_plugin(sglang_pools, busy_tra
 
 
 def test_the_plugin_records_the_output_lengths_of_requests_leaving_their_batch(plugin_peak_admission, monkeypatch):
-    from sglang_patches import kv_admission
+    from sglang_patches import kv_admission, state
 
-    monkeypatch.setattr(kv_admission, "HISTORY", OutputLengthHistory())
+    monkeypatch.setattr(state.PLUGIN, "output_lengths", OutputLengthHistory())
     done, running = sglang_req(Held("a", 10, 7, 100)), sglang_req(Held("b", 10, 3, 100))
     done.finished = lambda: True
     running.finished = lambda: False
     kv_admission.filter_batch_before(type("Batch", (), {"reqs": [done, running]})())
-    assert list(kv_admission.HISTORY) == [7]
+    assert list(state.PLUGIN.output_lengths) == [7]
 
 
 # --- states at the edges: a token either way of each decision ------------------------------------
 
 
 def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], ratio: float,
-                    admission: str = "sglang", queue: str = "fcfs", mode: str = "colocated") -> EngineInstance:
+                    admission: str = "sglang", queue: str = "fcfs", mode: str = "colocated") -> Scheduler:
     """A simulated instance (``mode`` disaggregated: a decode instance) holding ``running`` (each ``max_new`` its
     asked max_new_tokens) with ``waiting`` queued."""
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     cluster = cluster_config_from_dict({"mode": mode, "instances": 1, "decode_instances": 1,
                                         "kv_capacity_tokens": capacity, "max_new_tokens": 1, "kv_admission": admission,
-                                        "kv_margin": KV_MARGIN}, "test")
+                                        **margin_read_by(admission)}, "test")
     empty = Trace("empty", [], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     engine = Simulation(empty, [], cluster, Policy(routing_policy("round-robin"), queue_policy(queue)),
                         SchedulingConfig()).engines[0]
@@ -438,7 +444,7 @@ def test_admission_at_a_token_either_side_of_the_threshold_is_sglangs(sglang_poo
         decisions = set()
         for capacity in range(edge - 2, edge + 3):
             engine = engine_in_state(capacity, running, waiting, ratio)
-            engine._sglang_round(0.0)
+            engine._admission_round(0.0)
             ours = (len(waiting) - len(engine.queue), engine.batch_is_full)
             batch = running_batch(sglang_pools, running)  # SGLang's pool of CAPACITY, the rest held elsewhere
             allocator.alloc(CAPACITY - capacity)
@@ -482,7 +488,7 @@ def test_peak_admission_at_a_token_either_side_of_the_threshold_is_the_plugins(s
         decisions = set()
         for capacity in range(edge - 2, edge + 3):
             engine = engine_in_state(capacity, running, waiting, 0.5, admission="peak", queue="fcfs")
-            engine._sglang_round(0.0)
+            engine._admission_round(0.0)
             ours = (len(waiting) - len(engine.queue), engine.batch_is_full)
             assert ours == sglang_round(sglang_pools, running, waiting, 0.5, capacity), (capacity, running, waiting)
             decisions.add(ours[0])

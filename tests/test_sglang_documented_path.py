@@ -31,8 +31,8 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from specforge_outlets.data.sources import builtin_prompts_path  # noqa: E402
+from specforge_outlets.data.weight_index import write_weight_index  # noqa: E402
 from specforge_outlets.model.tiny_chat_target import make_chat_target  # noqa: E402
-from specforge_outlets.model.weight_index import write_weight_index  # noqa: E402
 from tests.data_fixtures import StubChatServer  # noqa: E402
 from tests.sglang_harness.offline_reference import TRAIN_PYTHON, training_env  # noqa: E402
 from tests.sglang_harness.server import REPO, start_server  # noqa: E402

@@ -456,18 +456,18 @@ def test_eagle3_mode_hands_the_quantiles_to_the_step_without_waiting_for_them(sg
 
 def test_predictor_only_mode_reads_both_heads_on_the_state_of_the_last_prompt_position(sglang_cpu, tmp_path,
                                                                                       monkeypatch):
-    from sglang_patches import predictor_mode
+    from sglang_patches import predictor_mode, state
 
     g = torch.Generator().manual_seed(5)
     embedding = torch.nn.Embedding.from_pretrained(torch.randn(VOCAB, H, generator=g) * 0.1)
     fused, prompt = torch.randn(TOKENS, 3 * H, generator=g), list(range(10, 10 + TOKENS))
     head = OutletsLengthPredictor(make_export(tmp_path / "head", quantile_levels=LEVELS), embedding)
-    monkeypatch.setattr(predictor_mode, "_predictor", head)
+    monkeypatch.setattr(state.PLUGIN, "predictor", head)
     outputs = predictor_mode.prompt_outputs(fused, prompt, torch.tensor(7))
     states = head.states(fused, torch.tensor(prompt[1:] + [7]))
     assert outputs.shape == (1 + len(LEVELS),)
     torch.testing.assert_close(outputs[0], head.prompt_log_remaining(fused, prompt, torch.tensor(7)), rtol=0, atol=1e-5)
     torch.testing.assert_close(outputs[1:], head.log_remaining_quantiles(states)[-1], rtol=0, atol=1e-5)
     plain = OutletsLengthPredictor(make_export(tmp_path / "plain"), embedding)
-    monkeypatch.setattr(predictor_mode, "_predictor", plain)  # without a quantile head: r̂_0 alone, as before
+    monkeypatch.setattr(state.PLUGIN, "predictor", plain)  # without a quantile head: r̂_0 alone, as before
     assert predictor_mode.prompt_outputs(fused, prompt, torch.tensor(7)).shape == ()

@@ -73,7 +73,7 @@ def test_the_prefills_prediction_rides_the_metadata_row_and_a_missing_one_is_wri
     queue = SimpleNamespace(metadata_buffers=metadata_row)
     arrived = StandInReq(rid="d0", finished_reason=None, sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=arrived, metadata_buffer_index=0))
-    assert (P.predicted_output_len(arrived), P.prediction_source(arrived)) == (123.5, "prefill")
+    assert (P.predicted_output_len(arrived), P.prediction(arrived).source) == (123.5, "prefill")
     aborted = StandInReq(rid="d1", finished_reason="abort", sampling_params=None, output_ids=[], bootstrap_host="h")
     pd_transfer.commit_transfer_after(None, queue, SimpleNamespace(req=aborted, metadata_buffer_index=0))
     assert P.predicted_output_len(aborted) is None
@@ -95,10 +95,10 @@ def test_the_decode_takes_the_requests_own_prediction_then_the_prefills_then_the
 
     req = decode_req()
     pd_transfer.receive_prediction(req, 123.5, config)
-    assert (P.predicted_output_len(req), P.prediction_source(req)) == (123.5, "prefill") and not counted
+    assert (P.predicted_output_len(req), P.prediction(req).source) == (123.5, "prefill") and not counted
     own = decode_req({"outlets_predicted_output_len": 9})
     pd_transfer.receive_prediction(own, 123.5, config)
-    assert (P.predicted_output_len(own), P.prediction_source(own)) == (9.0, "external")
+    assert (P.predicted_output_len(own), P.prediction(own).source) == (9.0, "external")
     for missing in (0.0, float("nan"), -4.0):
         req = decode_req()
         pd_transfer.receive_prediction(req, missing, config)

@@ -23,7 +23,9 @@ pytest.importorskip("sglang", reason="SGLang tests run in the serve environment 
 from specforge_outlets.scheduling import NUM_RESERVED_DECODE_TOKENS, SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
-from specforge_outlets.simulation.engine import EngineInstance, Policy, SimRequest, Simulation  # noqa: E402
+from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.request import SimRequest  # noqa: E402
+from specforge_outlets.simulation.schedulers import SGLangDecodeScheduler  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 from tests.test_sglang_admission import (  # noqa: E402,F401
     CAPACITY,
@@ -90,7 +92,7 @@ def sglang_decode_round(pools, running: List[Held], retracted: List[Held], waiti
     return len(resumed), len(preallocated)
 
 
-def held_of(engine: EngineInstance, request, running: bool) -> Held:
+def held_of(engine: SGLangDecodeScheduler, request, running: bool) -> Held:
     """A request as SGLang's decode instance holds it: running, retracted, or a prompt not yet prefilled."""
     generated = (1 + engine.steps_done - request.join_step) if running else request.num_generated_tokens
     return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request))
@@ -101,7 +103,7 @@ class Recorder:
 
     def __init__(self, monkeypatch) -> None:
         self.rounds = []
-        original = EngineInstance._prealloc_round
+        original = SGLangDecodeScheduler._prealloc_round
         recorder = self
 
         def recorded(engine, now):
@@ -116,7 +118,7 @@ class Recorder:
                 recorder.rounds.append((running, retracted, waiting, sizes[0] - len(engine.retracted),
                                         sizes[1] - len(engine.queue)))
 
-        monkeypatch.setattr(EngineInstance, "_prealloc_round", recorded)
+        monkeypatch.setattr(SGLangDecodeScheduler, "_prealloc_round", recorded)
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         expected = [view.rid for view in admission_order(fresh, QueuePolicy(order), config, now=clock[0])]
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
-        table = key_tables.KEY_TABLES[config]
+        table = state.PLUGIN.key_tables[config]
         longest = max(map(len, (table.sjf, table.long, table.merge, table.arrival)))
         assert longest <= len(queue) + key_tables.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
@@ -286,12 +286,12 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
     ok = request("ok", custom={"outlets_predicted_output_len": 12})
     assert assign_external_prediction(ok, config) and P.predicted_output_len(ok) == 12.0
     assert ok.customized_info == {"predicted_output_len": [12.0]}
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     for bad in ("x", float("nan"), -1, True):
         req = request("bad", custom={"outlets_predicted_output_len": bad})
         assert assign_external_prediction(req, config)
-        assert P.predicted_output_len(req) == config.prior_output_len and req.outlets_prediction_source == "prior"
-    assert P.FALLBACKS.count == before + 4
+        assert P.predicted_output_len(req) == config.prior_output_len and P.prediction(req).source == "prior"
+    assert state.PLUGIN.fallbacks.count == before + 4
     none = request("none", custom={"other": 1})
     assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None
 
@@ -365,7 +365,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     for req in (a, b):
         req.sampling_params = SimpleNamespace(max_new_tokens=2000, ignore_eos=False, custom_params=None)
     offset = PrefillAdder._get_running_request_total_token_offset
-    assert offset(None, b) == pytest.approx(899, abs=1)  # whole tokens, rounded up; z travels in float32
+    assert offset(SimpleNamespace(), b) == pytest.approx(899, abs=1)  # whole tokens, rounded up; z travels in float32
     keys = order_keys.CachedOrderKeys(config)
     assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [a, b]  # keys now cached on a and b
 
@@ -374,7 +374,7 @@ def test_draft_estimates_become_the_prediction_every_reader_uses(plugins_loaded,
     assert P.predicted_output_len(a) == pytest.approx(2 + 120.0) and P.predicted_remaining(a, config) == pytest.approx(119.0)
     assert P.predicted_output_len(b) == pytest.approx(1 + 5.0) and P.predicted_remaining(b, config) == pytest.approx(4.0)
     assert [[a, b][i].rid for i in ScheduleBatch._get_decode_retraction_order([a, b])] == ["b", "a"]
-    assert offset(None, b) == pytest.approx(4, abs=1)
+    assert offset(SimpleNamespace(), b) == pytest.approx(4, abs=1)
     assert a.customized_info["predicted_output_len"] == [40.0]  # r̂_0 is kept; the estimate sits at its token
     assert a.customized_info["predicted_remaining_len"] == [None, None, 119.0]
     assert a.customized_info["predicted_remaining_after"] == [None, None, 3]
@@ -392,11 +392,11 @@ def test_a_step_without_new_tokens_a_finished_request_or_a_clients_prediction_ke
     for req, value in ((done, 50.0), (bad, 60.0)):
         P.set_predicted_output_len(req, value, "draft")
     done.finished = lambda: True
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     step_estimates([chunked, done, bad, client], [10.0, 10.0, float("inf"), 10.0], new_tokens=[0, 1, 1, 1])
     assert P.predicted_output_len(chunked) is None  # a prefill chunk with more to come: no token, no estimate
     assert [P.predicted_output_len(req) for req in (done, bad, client)] == [50.0, 60.0, 80.0]
-    assert P.FALLBACKS.count == before + 1  # the non-finite estimate, counted and logged
+    assert state.PLUGIN.fallbacks.count == before + 1  # the non-finite estimate, counted and logged
 
 
 def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded):
@@ -416,9 +416,9 @@ def test_a_failing_length_head_falls_back_and_the_step_is_served(plugins_loaded)
     assert P.predicted_output_len(running) == 70.0
     assert result.logits_output.auxiliary_device_output is None
     worker.speculative_num_steps = 0  # drafting off at this batch size: the states may be stubs, nothing is read
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     assert speculative.forward_batch_generation_around(lambda self, b: result, worker, batch) is result
-    assert P.FALLBACKS.count == before
+    assert state.PLUGIN.fallbacks.count == before
 
 
 def test_a_token_aligned_value_slices_like_the_per_token_list_it_stands_for():
@@ -573,7 +573,9 @@ def test_the_default_kv_admission_is_the_predicted_peak(plugins_loaded, no_outle
 def test_kv_admission_by_prediction_charges_running_requests_their_predicted_remaining(plugins_loaded, monkeypatch):
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
-    adder = SimpleNamespace(new_token_ratio=0.5)
+    def new_round():
+        """SGLang's PrefillAdder of a new round (the plugin keeps the round's KV strategy on it)."""
+        return SimpleNamespace(new_token_ratio=0.5)
 
     def running(predicted, generated, max_new=1000, ignore_eos=False):
         req = request("r", predicted, generated=generated)
@@ -584,23 +586,23 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
     monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")  # the charge (the default is the peak)
     state.reset_settings()
     offset = PrefillAdder._get_running_request_total_token_offset
-    assert offset(adder, running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
+    assert offset(new_round(), running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
     for sglang in ("sglang", " SGLang "):
         monkeypatch.setenv(ENV_KV_ADMISSION, sglang)
         state.reset_settings()
-        assert offset(adder, running(300, 100)) == 450  # SGLang's 0.5 x (1000 - 100)
+        assert offset(new_round(), running(300, 100)) == 450  # SGLang's 0.5 x (1000 - 100)
     monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")
     monkeypatch.setenv(ENV_KV_MARGIN, "0.5")
     state.reset_settings()
-    assert offset(adder, running(300, 100)) == 300  # (300 - 100) x 1.5
+    assert offset(new_round(), running(300, 100)) == 300  # (300 - 100) x 1.5
     monkeypatch.setenv(ENV_KV_MARGIN, "0.2")
     state.reset_settings()
-    assert offset(adder, running(300, 100)) == 240
-    assert offset(adder, running(5000, 100)) == 900  # at most what is left of max_new_tokens
-    assert offset(adder, running(None, 100)) == 450  # no prediction: SGLang's estimate
-    assert offset(adder, running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
+    assert offset(new_round(), running(300, 100)) == 240
+    assert offset(new_round(), running(5000, 100)) == 900  # at most what is left of max_new_tokens
+    assert offset(new_round(), running(None, 100)) == 450  # no prediction: SGLang's estimate
+    assert offset(new_round(), running(300, 100, ignore_eos=True)) == 900  # runs to max_new_tokens: stock ratio 1
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
-    assert offset(adder, running(300, 100)) == 450
+    assert offset(new_round(), running(300, 100)) == 450
     for bad in ("-1", "inf", "twenty", "off"):
         monkeypatch.setenv(ENV_KV_MARGIN, bad)
         state.reset_settings()
@@ -641,11 +643,31 @@ def test_kv_admission_by_prediction_charges_a_request_being_admitted_its_predict
     state.reset_settings()
     for req, asked in ((waiting(40), 60), (waiting(300, generated=100), 100 + 300),  # retracted: 200 left x 1.5
                        (waiting(5000), 1000), (waiting(None), 1000), (waiting(40, ignore_eos=True), 1000)):
-        assert kv_admission.add_one_req_around(original, None, req, False, None) == "added"
+        assert kv_admission.add_one_req_around(original, SimpleNamespace(), req, False, None) == "added"  # a round
         assert seen.pop() == asked and req.sampling_params.max_new_tokens in (1000,)
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: False)
-    kv_admission.add_one_req_around(original, None, waiting(40), False, None)
+    kv_admission.add_one_req_around(original, SimpleNamespace(), waiting(40), False, None)
     assert seen.pop() == 1000  # stock
+
+
+def test_the_kv_strategy_is_built_once_per_admission_round(plugins_loaded, monkeypatch):
+    """SGLang asks the hooks once per running request and per candidate; the strategy is built at the round's first
+    ask and kept on its PrefillAdder (a new one per round): 2 rounds of 3 running requests and 2 candidates, 2 builds
+    (10 before it was kept)."""
+    built = []
+    create = kv_admission.create_admission
+    monkeypatch.setattr(kv_admission, "create_admission", lambda *args, **kw: built.append(1) or create(*args, **kw))
+    monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")
+    state.reset_settings()
+    for _ in range(2):
+        adder = SimpleNamespace()  # SGLang's PrefillAdder of one round
+        charges = [kv_admission.running_token_offset_around(None, adder, request("r", 110.0, generated=10))
+                   for _ in range(3)]
+        admitted = [kv_admission.add_one_req_around(lambda *args: "added", adder, request("w", 60.0), False, None)
+                    for _ in range(2)]
+        assert charges == [120] * 3 and admitted == ["added"] * 2  # 100 left x (1 + the default margin, 0.2)
+    assert len(built) == 2
 
 
 def test_pd_decode_waiting_queue_uses_the_same_key(plugins_loaded, monkeypatch):

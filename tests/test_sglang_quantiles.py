@@ -181,7 +181,7 @@ def test_client_quantiles_in_custom_params_or_labels_reach_the_request(plugins_l
         req = scheduled(obj.sampling_params, config)
         assert P.predicted_output_quantiles(req) == (10.0, 20.0, 40.0, 80.0, 160.0)
         # without a point prediction, the point is their median (the level 0.5 here)
-        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction_source(req) == "external"
+        assert P.predicted_output_len(req) == pytest.approx(40.0) and P.prediction(req).source == "external"
         assert req.customized_info["predicted_output_quantiles"] == [[10.0, 20.0, 40.0, 80.0, 160.0]]
     both = scheduled(generate_input({"custom_params": {"outlets_predicted_output_len": 30,
                                                        QUANTILES_PARAM_KEY: "[10, 20, 40, 80, 160]"}}).sampling_params,
@@ -212,11 +212,11 @@ def test_malformed_client_quantiles_are_refused_naming_the_request(plugins_loade
     with pytest.raises(ValueError, match="request b: "):
         generate_input([{}, {"custom_params": {QUANTILES_PARAM_KEY: value}}], text=["x", "y"], rid=["a", "b"])
     # a scheduler that gets one anyway (no tokenizer check in front of it) falls back to the prior, counted
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     req = request("bad", custom={QUANTILES_PARAM_KEY: value})
     assert assign_external_prediction(req, SchedulingConfig())
-    assert P.prediction_source(req) == "prior" and P.predicted_output_quantiles(req) is None
-    assert P.FALLBACKS.count == before + 1
+    assert P.prediction(req).source == "prior" and P.predicted_output_quantiles(req) is None
+    assert state.PLUGIN.fallbacks.count == before + 1
 
 
 def test_without_an_outlets_feature_client_quantiles_are_not_read(plugins_loaded, monkeypatch):
@@ -355,15 +355,18 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
     margin_charge = predicted_output_budget(300.0, 100, 0.2, 3900, config)
     assert offset(adder, running) == offset(adder, point) == margin_charge == 240  # the charge: (300 - 100) x 1.2
     use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.9"})
+    adder = SimpleNamespace(new_token_ratio=0.5)  # a new round: the strategy is kept on its PrefillAdder
     expected = quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.9, 3900)
     assert offset(adder, running) == expected and expected > 600  # the wide distribution's upper tail
     assert offset(adder, point) == 200  # no quantiles: a point mass, its remaining without a margin
     assert offset(adder, request("unknown", None, generated=100)) == 0.5 * 3900  # no prediction: SGLang's
     use_env(monkeypatch, **{ENV_KV_ADMISSION: "quantile", ENV_KV_QUANTILE: "0.5"})
+    adder = SimpleNamespace(new_token_ratio=0.5)
     assert offset(adder, running) == quantile_output_budget(LengthDistribution(LEVELS, wide), 100, 0.5, 3900)
     capped = request("capped", 300.0, wide, generated=100)
     capped.sampling_params.max_new_tokens = 150
     use_env(monkeypatch, **{ENV_KV_QUANTILE: "0.9"})
+    adder = SimpleNamespace(new_token_ratio=0.5)
     assert offset(adder, capped) == 50  # at most what is left of max_new_tokens
 
     seen = []
@@ -372,7 +375,7 @@ def test_kv_admission_by_a_quantile_charges_the_cores_quantile_budget(plugins_lo
         seen.append(req.sampling_params.max_new_tokens)
 
     waiting = request("waiting", 300.0, wide)
-    kv_admission.add_one_req_around(original, None, waiting, False, None)
+    kv_admission.add_one_req_around(original, adder, waiting, False, None)
     assert seen == [quantile_output_budget(LengthDistribution(LEVELS, wide), 0, 0.9, 4000)]
     assert waiting.sampling_params.max_new_tokens == 4000
 
@@ -427,10 +430,10 @@ def test_eagle3_quantiles_are_re_read_after_each_verify_step_and_refresh_the_key
                                                                                    abs=2e-3)
     assert admission_order([a, b], QueuePolicy.SJF, config, keys=keys) == [b, a]  # the new quantiles, not the old keys
     # a draft whose quantiles come back not finite: the request keeps its last prediction and quantiles
-    before = P.FALLBACKS.count
+    before = state.PLUGIN.fallbacks.count
     step([a], [5.0], [[1.0, 2.0, 3.0, float("inf"), float("inf")]], new_tokens=[1])
     assert P.predicted_output_quantiles(a) == pytest.approx((292.0, 297.0, 302.0, 307.0, 312.0), rel=1e-5)
-    assert P.FALLBACKS.count == before + 1
+    assert state.PLUGIN.fallbacks.count == before + 1
     client = request("client", 80.0, (10.0, 20.0, 80.0, 90.0, 99.0))  # the client's prediction wins
     step([client], [5.0], [[1.0, 2.0, 3.0, 4.0, 5.0]], new_tokens=[1])
     assert P.predicted_output_quantiles(client) == (10.0, 20.0, 80.0, 90.0, 99.0)
@@ -460,7 +463,7 @@ def test_a_prefill_instances_quantiles_ride_the_metadata_row_to_the_decode(plugi
         return req
 
     received = arrive(0)
-    assert (P.predicted_output_len(received), P.prediction_source(received)) == (40.0, "prefill")
+    assert (P.predicted_output_len(received), P.prediction(received).source) == (40.0, "prefill")
     assert P.predicted_output_quantiles(received) == pytest.approx((2.0, 5.0, 40.0, 60.0, 900.0))
     assert P.predicted_output_quantiles(arrive(1)) is None and P.predicted_output_len(arrive(1)) == 40.0
     use_env(monkeypatch, **{ENV_QUANTILE_LEVELS: "0.1,0.5,0.9"})  # a decode at other levels keeps the point only

@@ -37,7 +37,7 @@ def make_trace(rows, name="tiny"):
 
 def pd_cluster(**overrides):
     values = dict(prefill_instances=1, decode_instances=1, kv_transfer_latency_s=0.0, max_new_tokens=1,
-                  kv_capacity_tokens=10_000)
+                  kv_capacity_tokens=10_000, kv_admission="max-new-tokens")
     values.update(overrides)
     return cluster_config_from_dict(values, "test")
 
@@ -95,7 +95,8 @@ def test_fitted_step_time_charges_each_running_request():
 def test_fitted_step_time_sets_a_colocated_instance_s_pace():
     # one request of 10 output tokens alone: a mixed prefill step (batch 0), then 9 decode steps of batch 1
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": 1000,
-                                        "max_new_tokens": 10, "fitted_step_time": FITTED}, "test")
+                                        "max_new_tokens": 10, "fitted_step_time": FITTED,
+                                        "kv_admission": "max-new-tokens"}, "test")
     result = simulate(make_trace([(0.0, 100, 10)]), cluster)
     prefill = 0.01 + 100 * 3e-5
     decode = sum(0.01 + 0.002 + (101 + step) * 1e-6 for step in range(9))
@@ -206,7 +207,8 @@ def test_weighted_percentile_is_the_smallest_value_reaching_the_share():
 def test_colocated_waits_before_the_first_prefill_are_the_prefill_queue(unit_steps):
     """One request at a time: B waits for A's 5 tokens before its prompt is ever prefilled."""
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_running_requests": 1,
-                                        "chunked_prefill_size": 100, "max_new_tokens": 1}, "test")
+                                        "chunked_prefill_size": 100, "max_new_tokens": 1,
+                                        "kv_admission": "max-new-tokens"}, "test")
     result = simulate(make_trace([(0.0, 10, 5), (0.5, 10, 2)]), cluster)
     assert result.prefill_queue_delays[1] > 0 and result.decode_queue_delays.tolist() == [0.0, 0.0]
     assert result.prefill_queue_delays[1] == pytest.approx(result.queue_delays[1])
@@ -292,7 +294,7 @@ def test_power_of_two_routes_a_burst_within_one_poll_by_the_polled_loads(unit_st
     # 10 s, which counts the burst, and goes to A's rank. With fresh loads the burst spreads.
     rows = [(0.0, 10, 1000)] + [(5.5 + 0.1 * i, 10, 600) for i in range(4)] + [(10.5, 10, 5)]
     values = {"mode": "colocated", "instances": 2, "max_new_tokens": 1, "kv_capacity_tokens": 10_000,
-              "predict_at": "arrival"}
+              "predict_at": "arrival", "kv_admission": "max-new-tokens"}
     stale = simulation(make_trace(rows), cluster_config_from_dict({**values, "load_poll_interval_s": 5.0}, "test"),
                        routing="power-of-two", seed=seed)
     decisions = routing_decisions(stale)
@@ -312,14 +314,15 @@ def test_power_of_two_runs_are_reproducible_with_a_seed():
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
     trace = synthetic_poisson(lengths, rate_rps=40.0, num_requests=300, seed=1)
     cluster = cluster_config_from_dict({"decode_instances": 3, "max_running_requests": 16,
-                                        "kv_capacity_tokens": 40_000}, "test")
+                                        "kv_capacity_tokens": 40_000, "kv_admission": "max-new-tokens"}, "test")
     runs = [simulate(trace, cluster, "power-of-two", "sjf", seed=seed).finish_times for seed in (3, 3, 4)]
     assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
 
 
 def test_colocated_chunked_prefill_then_decode(unit_steps):
     cluster = cluster_config_from_dict(
-        {"mode": "colocated", "instances": 1, "chunked_prefill_size": 1000, "max_new_tokens": 1}, "test")
+        {"mode": "colocated", "instances": 1, "chunked_prefill_size": 1000, "max_new_tokens": 1,
+         "kv_admission": "max-new-tokens"}, "test")
     trace = make_trace([(0.0, 2500, 5), (0.0, 10, 1)])
     result = simulate(trace, cluster)
     # A's prompt takes three 1000-token chunks (0-3 s); B's 10 tokens share the third step.
@@ -376,9 +379,9 @@ def test_underestimated_requests_are_retracted_and_recomputed(unit_steps):
 @pytest.fixture
 def overflow_check(monkeypatch):
     """Records every segment (decode run or mixed step) whose steps would take more cache than there is."""
-    from specforge_outlets.simulation.engine import EngineInstance
+    from specforge_outlets.simulation.schedulers import Scheduler
 
-    original = EngineInstance._start_segment
+    original = Scheduler._start_segment
     overflows = []
 
     def checked(self, now):
@@ -387,7 +390,7 @@ def overflow_check(monkeypatch):
             used = self._kv_in_use() + len(self.running) * self.segment_steps
             overflows.extend([used - self.capacity] if used > self.capacity else [])
 
-    monkeypatch.setattr(EngineInstance, "_start_segment", checked)
+    monkeypatch.setattr(Scheduler, "_start_segment", checked)
     return overflows
 
 
@@ -430,7 +433,7 @@ def test_a_predicted_reservation_is_never_above_the_full_one(unit_steps):
 
 
 def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retraction_limit():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(max_retractions=2))
@@ -452,7 +455,7 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 
 # --- dynamic predictions (a predictor that re-predicts as tokens come, as EAGLE-3 mode does) ------------
 def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
     assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
@@ -471,7 +474,8 @@ def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps)
     behind B with A's static 100 (first token after B ends), behind A with A's re-predictions."""
     trace = make_trace([(0.0, 10, 10), (0.001, 10, 25), (5.0, 10, 2)])
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 2, "max_running_requests": 1,
-                                        "chunked_prefill_size": 100, "max_new_tokens": 1}, "test")
+                                        "chunked_prefill_size": 100, "max_new_tokens": 1,
+                                        "kv_admission": "max-new-tokens"}, "test")
     policy = Policy(routing_policy("least-predicted-work"), queue_policy("fcfs"))
     exact = lambda length: np.arange(length, 0, -1, dtype=float)  # noqa: E731  L, L-1, ..., 1
     a_trajectory = np.concatenate([[100.0], exact(10)[1:]])  # r̂_0 = 100, exact from the second token on
@@ -486,7 +490,7 @@ def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps)
 
 
 def test_retraction_reads_the_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.FCFS),
                      SchedulingConfig(), trajectories=[None] * 3)
@@ -663,7 +667,7 @@ def test_sglangs_orders_leave_a_disaggregated_decode_queue_fcfs(unit_steps, queu
 
 
 def test_a_retracted_request_waits_with_its_latest_estimate():
-    from specforge_outlets.simulation.engine import SimRequest
+    from specforge_outlets.simulation.request import SimRequest
 
     sim = Simulation(THREE, [None] * 3, pd_cluster(), Policy(RoutingPolicy.ROUND_ROBIN, QueuePolicy.SJF),
                      SchedulingConfig(), trajectories=[None] * 3)
@@ -737,7 +741,8 @@ def test_sglang_hrrn_serves_fcfs_above_its_queue_limit():
 def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit_steps):
     """SGLang's peer balancing: C goes where fewer tokens are, not to the tie of request counts (instance 0)."""
     cluster = cluster_config_from_dict(
-        {"mode": "colocated", "instances": 2, "chunked_prefill_size": 1000, "max_new_tokens": 1}, "test")
+        {"mode": "colocated", "instances": 2, "chunked_prefill_size": 1000, "max_new_tokens": 1,
+         "kv_admission": "max-new-tokens"}, "test")
     trace = make_trace([(0.0, 2500, 5), (0.1, 10, 1), (0.2, 10, 1)])
     by_tokens = simulate(trace, cluster, routing="total-tokens")
     by_requests = simulate(trace, cluster, routing="least-requests")  # 1 request each: C to instance 0, behind A
@@ -769,9 +774,14 @@ def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
     ("mode: pipelined\n", "mode must be one of disaggregated, colocated"),
     ("gpu: A100\n", "gpu must be one of"),
     ("kv_transfer_bandwidth: -1\n", "kv_transfer_bandwidth must be a positive number"),
-    ("memory_fraction: 0.1\n", "does not fit on H100-SXM"),
+    ("memory_fraction: 0.1\nkv_admission: max-new-tokens\n", "does not fit on H100-SXM"),
     ("kv_admission: guess\n", "kv_admission must be one of max-new-tokens, predicted"),
-    ("kv_margin: -0.1\n", "kv_margin must be a non-negative number"),
+    ("kv_admission: predicted\nkv_margin: -0.1\n", r"kv_margin=-0.1: give a number >= 0$"),
+    ("mode: colocated\nkv_margin: 0.1\n", r"kv_margin is read by kv_admission predicted, not by kv_admission peak "
+                                          r"\(the default\): leave it out or use kv_admission predicted$"),
+    ("kv_admission: sglang\nkv_quantile: 0.5\n", r"kv_quantile is read by kv_admission quantile or peak, not by "
+                                                 r"kv_admission sglang: leave it out"),
+    ("decode_instances: 2\n", r"kv_admission peak, the default, gates SGLang's PrefillAdder.*name kv_admission sglang"),
     ("load_poll_interval_s: -1\n", "load_poll_interval_s must be a non-negative number, got -1"),
     ("load_poll_interval_s: often\n", "load_poll_interval_s must be a non-negative number, got 'often'"),
 ])
@@ -851,7 +861,7 @@ def test_simulate_command_runs_power_of_two_with_its_seed_and_poll_interval(tmp_
     lines = "".join(f'{{"timestamp": {i * 0.05}, "input_length": {100 + i % 7 * 300}, "output_length": {5 + i * 37 % 1200}}}\n'
                     for i in range(300))
     trace = write(tmp_path, "trace.jsonl", lines)
-    config = write(tmp_path, "c.yaml", "decode_instances: 3\nload_poll_interval_s: 2.5\n")
+    config = write(tmp_path, "c.yaml", "decode_instances: 3\nload_poll_interval_s: 2.5\nkv_admission: max-new-tokens\n")
     summaries = []
     for run in ("a", "b"):
         code = main(["simulate", "--trace", trace, "--config", config, "--output", str(tmp_path / run), "--routing",

@@ -3,6 +3,7 @@
 import gzip
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -44,9 +45,10 @@ def simulation(trace, cluster, queue="fcfs", predictions=None, quantiles=None, q
 def test_quantile_admission_is_a_cluster_setting_with_its_level():
     cluster = cluster_config_from_dict({"kv_admission": "quantile", "kv_quantile": 0.8}, "test")
     assert cluster.kv_admission is KVAdmission.QUANTILE and cluster.kv_quantile == 0.8
-    assert cluster_config_from_dict({}, "test").kv_quantile == 0.9
+    assert cluster_config_from_dict({"mode": "colocated"}, "test").kv_quantile == 0.9
     for bad in (0, 1, 1.5, "high", True):
-        with pytest.raises(OutletsError, match=f"test: kv_quantile must be a number strictly between 0 and 1, got {bad!r}"):
+        with pytest.raises(OutletsError, match=re.escape(f"test: kv_quantile={bad!r}: give a level strictly between 0 "
+                                                         "and 1, e.g. 0.9")):
             cluster_config_from_dict({"kv_admission": "quantile", "kv_quantile": bad}, "test")
 
 
@@ -78,7 +80,7 @@ def test_quantile_admission_avoids_the_retractions_of_an_underestimating_point(u
     runs = {}
     for admission in ("predicted", "quantile"):
         cluster = pd_cluster(max_new_tokens=200, kv_capacity_tokens=600, max_running_requests=64,
-                             kv_admission=admission, kv_margin=0.0)
+                             kv_admission=admission, **({"kv_margin": 0.0} if admission == "predicted" else {}))
         runs[admission] = simulation(trace, cluster, predictions=[50.0] * 12, quantiles=[wide] * 12).run()
         assert np.isfinite(runs[admission].finish_times).all()
     assert runs["predicted"].retractions.sum() > 0
@@ -232,7 +234,7 @@ def test_distribution_settings_with_a_file_without_quantiles_are_refused_naming_
     with pytest.raises(OutletsError, match=r"kv_admission quantile \(cluster config\) read each request's predicted "
                                            r"distribution, but --predictions .* has no quantiles"):
         run_study(trace, cluster, SchedulingConfig(), plan)
-    point_cluster = cluster_config_from_dict({}, "test")
+    point_cluster = cluster_config_from_dict({"kv_admission": "max-new-tokens"}, "test")
     with pytest.raises(OutletsError, match=r"--order-key gittins, --long-class-quantile 0.9 read"):
         check_distribution_inputs(PredictorKind.FILE, None, None, point_cluster,
                                   SchedulingConfig(order_key="gittins", long_class_quantile=0.9), path)

@@ -25,12 +25,11 @@ from specforge_outlets.data.features import load_features
 from specforge_outlets.data.labels import NO_LABEL, response_spans
 from specforge_outlets.model.tiny_chat_target import make_chat_target
 from tests.data_fixtures import write_jsonl
+from tests.specforge_capture.cpu_run import CHECKOUT_VARIABLE, specforge_script
 from tests.tiny_target import write_draft_config
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_RUN = os.path.join(CHECKOUT, "tests", "specforge_capture", "cpu_run.py")
-sys.path.insert(0, os.path.dirname(CPU_RUN))
-from cpu_run import CHECKOUT_VARIABLE, specforge_script  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     specforge_script() is None,

@@ -225,7 +225,7 @@ def test_no_specforge_installed_is_one_line_naming_the_install(tmp_path):
 
 
 def test_target_without_weight_index_is_refused_and_the_fix_works(capsys, tiny_target, tiny_features, tmp_path):
-    from specforge_outlets.model.weight_index import read_index, read_weight_map, write_weight_index
+    from specforge_outlets.data.weight_index import read_index, read_weight_map, write_weight_index
 
     target = str(tmp_path / "target")
     shutil.copytree(tiny_target, target)
@@ -234,7 +234,7 @@ def test_target_without_weight_index_is_refused_and_the_fix_works(capsys, tiny_t
     assert read_weight_map(target)["model.embed_tokens.weight"] == "model.safetensors"  # scanned instead
     recipe = write_recipe(str(tmp_path / "r.yaml"), target, tiny_features, str(tmp_path / "o"))
     err = refused(capsys, recipe)
-    assert "has no *.index.json" in err and f"python -m specforge_outlets.model.weight_index {target}" in err
+    assert "has no *.index.json" in err and f"python -m specforge_outlets.data.weight_index {target}" in err
     write_weight_index(target)
     assert read_index(target) == read_weight_map(target)
 

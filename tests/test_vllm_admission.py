@@ -23,7 +23,8 @@ from specforge_outlets.scheduling.request_queue import FCFSRequestQueue
 from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation import vllm_admission
 from specforge_outlets.simulation.cluster import VLLM_ADMISSIONS, cluster_config_from_dict
-from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation
+from specforge_outlets.simulation.engine import Policy, Simulation
+from specforge_outlets.simulation.schedulers import VLLMScheduler
 from specforge_outlets.simulation.predicted_lengths import PredictorKind
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
 from tests.binding_cache import binding_cluster, binding_trace
@@ -102,7 +103,7 @@ def run_one_instance(monkeypatch, requests: List[Tuple[float, int, int]], chunk:
     generated (or, still prefilling, computed), joined the decode batch with the tokens it has."""
     log = []
     take_head, retract, preempt_prefill, start_decoding = (
-        EngineInstance._take_head, EngineInstance._retract, EngineInstance._preempt_prefill, EngineInstance._start_decoding)
+        VLLMScheduler._take_head, VLLMScheduler._retract, VLLMScheduler._preempt_prefill, VLLMScheduler._start_decoding)
 
     def logged_take_head(engine, now, reservation):
         request = take_head(engine, now, reservation)
@@ -123,7 +124,7 @@ def run_one_instance(monkeypatch, requests: List[Tuple[float, int, int]], chunk:
 
     for name, logged in (("_take_head", logged_take_head), ("_retract", logged_retract),
                          ("_preempt_prefill", logged_preempt_prefill), ("_start_decoding", logged_start_decoding)):
-        monkeypatch.setattr(EngineInstance, name, logged)
+        monkeypatch.setattr(VLLMScheduler, name, logged)
     arrivals, inputs, outputs = (np.array(column) for column in zip(*requests))
     trace = Trace("hand", [str(i) for i in range(len(requests))], arrivals, inputs, outputs)
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_new_tokens": 1, "max_running_requests": 8,

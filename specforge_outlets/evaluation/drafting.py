@@ -29,7 +29,7 @@ def load_target_head(target_path: str):
     from specforge.modeling.target.target_head import TargetHead
 
     from specforge_outlets.errors import OutletsError
-    from specforge_outlets.model.weight_index import read_weight_map
+    from specforge_outlets.data.weight_index import read_weight_map
 
     weight_map = read_weight_map(target_path)
     key = next((k for k in ("lm_head.weight", "model.embed_tokens.weight") if k in weight_map), None)

@@ -1,14 +1,14 @@
 """``outlets bench-serving``: drive real servers and summarize them like the simulator does.
 
-SGLang's ``python -m sglang.bench_serving`` generates load and records requests, but it has no trace
+SGLang's ``python -m sglang.benchmark.serving`` generates load and records requests, but it has no trace
 replay at the trace's own arrival times, no short/long breakdown, keeps no ``meta_info`` (the server's
 length prediction) and writes its own metric names. This command sends the same native ``/generate``
 requests (client.py), schedules them from a dataset at a Poisson rate or from a trace
 (workload.py), and summarizes them with the simulator's metrics (``serving/metrics.py``) into the
 simulator's ``summary.json`` schema, so ``outlets compare-runs`` puts a measured run next to
-simulated ones. Each row also carries ``sglang.bench_serving``'s own result keys and units
+simulated ones. Each row also carries ``sglang.benchmark.serving``'s own result keys and units
 (``sglang_result.py``: ``p99_ttft_ms``, ``median_e2e_latency_ms``, ``output_throughput``,
-``request_goodput``), computed as it computes them.
+``total_throughput``, ``max_concurrent_requests``, ``request_goodput``), computed as it computes them.
 
 Outputs (``--output DIR``): ``requests.jsonl`` (one record per request, failures included),
 ``summary.json``, ``summary.md``. They are written to temporary names and renamed when the run is
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
     parser.add_argument("--short-threshold", type=int, default=800,
                         help="short requests: fewer generated (or, if failed, expected) tokens (default 800)")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                        help="SLO targets in ms by sglang.bench_serving's --goodput names, e.g. ttft:500 tpot:50 "
+                        help="SLO targets in ms by sglang.benchmark.serving's --goodput names, e.g. ttft:500 tpot:50 "
                         "e2el:9000 (e2e is read as e2el): adds slo_attainment and goodput_rps (requests within every "
                         "target per second) per length class, and SGLang's request_goodput")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
@@ -101,6 +101,7 @@ def run(args) -> int:
     )
     from specforge_outlets.evaluation.predictions_file import predictions_by_id
     from specforge_outlets.serving.metrics import parse_goodput
+    from specforge_outlets.serving.summary import summary_rows_table
     from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
 
     _validate(args)
@@ -165,7 +166,7 @@ def run(args) -> int:
     for path in write_outputs(args.output, header, row, records):
         print(f"wrote {path}")
     wandb_report.log_run(args, "bench-serving", args.output, header,
-                         {"summary": wandb_report.summary_rows_table([row])})
+                         {"summary": summary_rows_table([row])})
     failed = [record for record in records if not record.success]
     if failed:
         print(f"WARNING: {len(failed)} of {len(records)} requests failed (first: {failed[0].id}: {failed[0].error}); "
@@ -304,8 +305,8 @@ def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict
 def write_outputs(output_dir: str, header: Dict, row: Dict, records) -> List[str]:
     """Write every file atomically, summary.json last: an interrupted run leaves the previous results untouched."""
     from specforge_outlets.atomic import write_text_atomic
-    from specforge_outlets.serving.metrics import json_safe
     from specforge_outlets.serving.summary import write_summary
+    from specforge_outlets.strict_json import json_safe
 
     requests = "".join(json.dumps(json_safe(record.to_json()), allow_nan=False) + "\n" for record in records)
     return [write_text_atomic(os.path.join(output_dir, "requests.jsonl"), requests),
@@ -330,8 +331,9 @@ MARKDOWN_COLUMNS = (
 )
 
 
-SGLANG_SUMMARY_KEYS = ("completed", "output_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms",
-                       "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_goodput")
+SGLANG_SUMMARY_KEYS = ("completed", "total_input_tokens", "input_throughput", "output_throughput", "total_throughput",
+                       "max_concurrent_requests", "median_e2e_latency_ms", "p99_e2e_latency_ms", "median_ttft_ms",
+                       "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_goodput")
 
 
 def markdown_summary(header: Dict, row: Dict) -> str:
@@ -346,7 +348,7 @@ def markdown_summary(header: Dict, row: Dict) -> str:
         ([name] + [format_metric(metrics[name].get(key), fmt) for _, key, fmt in MARKDOWN_COLUMNS] for name in CLASSES),
     ))
     failed = metrics["all"]["failed"]
-    lines += ["", "sglang.bench_serving's keys (successful requests only, as it computes them): "
+    lines += ["", "sglang.benchmark.serving's keys (successful requests only, as it computes them): "
               + ", ".join(f"{key} {format_metric(row.get(key), '{:.2f}')}" for key in SGLANG_SUMMARY_KEYS if key in row)]
     lines.append("")
     if failed:

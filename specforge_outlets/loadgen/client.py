@@ -12,7 +12,7 @@ the server answers Server-Sent Events ``data: {json}`` whose ``text`` and
 ``meta_info.completion_tokens`` are cumulative, and ends with ``data: [DONE]``. TTFT is the time to
 the first event with a token; each later event that brings tokens adds its gap since the last
 one to ``itl_s``, split evenly over its tokens (a chunk of several tokens has that many gaps), as
-``sglang.bench_serving`` records inter-token latency. A request succeeds only if the stream ends with ``[DONE]`` and the
+``sglang.benchmark.serving`` records inter-token latency. A request succeeds only if the stream ends with ``[DONE]`` and the
 finish reason is not ``abort``; anything else (HTTP error, connection dropped mid-stream, timeout,
 malformed event) is a failure whose ``error`` says what happened, and it is recorded, never dropped.
 """

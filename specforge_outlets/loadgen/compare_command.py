@@ -2,36 +2,27 @@
 
 Reads the ``summary.json`` of ``outlets bench-serving`` and ``outlets simulate`` directories (both
 write ``{header..., "runs": [{..., "metrics": {"all"|"short"|"long": {...}}}]}``) and the result file
-of a stock ``python -m sglang.bench_serving --output-file FILE`` (one run per line, its keys read by
-``sglang_result.row_from_sglang``), and lists every row: throughput, short P50/P99, long P99, all
-P99, all TTFT P99 and failed requests, plus the policy columns when a row has them (simulator rows).
-``inf`` latencies (failed requests) stay ``inf``; what a run did not record (SGLang's length
-classes) reads ``–``.
+of a stock ``python -m sglang.benchmark.serving --output-file FILE`` (one run per line, its keys read
+by ``sglang_result.row_from_sglang``), and lists every row under SGLang's result keys
+(``compare_keys.py``: milliseconds, ``p99_ttft_ms``; ``output_throughput``; ``request_goodput``,
+``slo_attainment``) and the length classes' (``short_p99_e2e_latency_ms``), ``--metrics`` choosing
+which, plus the policy columns when a row has them (simulator rows). ``inf`` latencies (failed
+requests) stay ``inf``; what a run did not record (SGLang's length classes) reads ``–``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
+from specforge_outlets.loadgen.compare_keys import KEYS, CompareKey, parse_metrics
 from specforge_outlets.serving.summary import SUMMARY, read_summary
 from specforge_outlets.errors import OutletsError
 
 POLICY_KEYS = ("study", "routing", "queue", "predictor", "rate_scale")
-# (header, class, key, format)
-METRIC_COLUMNS = (
-    ("offered req/s", None, "offered_rps", "{:.2f}"),
-    ("throughput tok/s", "all", "throughput_tok_s", "{:.0f}"),
-    ("short P50 s", "short", "e2e_p50_s", "{:.2f}"),
-    ("short P99 s", "short", "e2e_p99_s", "{:.2f}"),
-    ("long P99 s", "long", "e2e_p99_s", "{:.2f}"),
-    ("all P99 s", "all", "e2e_p99_s", "{:.2f}"),
-    ("all TTFT P99 s", "all", "ttft_p99_s", "{:.2f}"),
-    ("failed", "all", "failed", "{:.0f}"),
-)
+# The two panels of compare.png.
+PLOT_METRICS = ("short_p99_e2e_latency_ms", "output_throughput")
 
 
 @dataclass(frozen=True)
@@ -40,7 +31,7 @@ class RunRow:
 
     run: str  # directory name
     label: str
-    kind: str  # bench-serving | simulate | sglang.bench_serving
+    kind: str  # bench-serving | simulate | sglang.benchmark.serving
     row: Dict
 
 
@@ -49,19 +40,26 @@ def register(subparsers) -> None:
         "compare-runs",
         help="compare bench-serving and simulate runs: compare.md and compare.png",
         description="Read summary.json of bench-serving and/or simulate output directories and write one "
-                    "table (compare.md) and grouped bars of short-request P99 and throughput (compare.png).",
+                    "table (compare.md, SGLang's result keys) and bars of short-request P99 and output throughput "
+                    "(compare.png).",
     )
     parser.add_argument("runs", nargs="+", metavar="DIR|FILE",
-                        help="bench-serving or simulate output directories, or a sglang.bench_serving --output-file")
+                        help="bench-serving or simulate output directories, or a sglang.benchmark.serving --output-file")
     parser.add_argument("--output", required=True,
                         help="directory for compare.md and compare.png, or a FILE.md (the plot goes to FILE.png)")
+    parser.add_argument("--metrics", metavar="KEY,KEY,...",
+                        help="the table's columns, by SGLang's result keys (e.g. p99_ttft_ms,mean_tpot_ms,"
+                             "request_throughput,request_goodput) or a length class's (short_p99_e2e_latency_ms); "
+                             f"default: {','.join(column.name for column in parse_metrics(None))}; "
+                             f"all: {', '.join(KEYS)}")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    columns = parse_metrics(args.metrics)  # before any file is read: a typo is refused at once
     rows = [row for directory in args.runs for row in load_rows(directory)]
     markdown_path, plot_path = _output_paths(args.output)
-    table = markdown_table(rows)
+    table = markdown_table(rows, columns)
     with open(markdown_path, "w", encoding="utf-8") as handle:
         handle.write("# Runs compared\n\n" + "\n".join(f"- {d}" for d in args.runs) + "\n\n" + table + "\n")
     plot(rows, plot_path)
@@ -71,7 +69,7 @@ def run(args) -> int:
 
 
 def load_rows(directory: str) -> List[RunRow]:
-    """Every row of ``directory/summary.json``, or of a sglang.bench_serving result file; a missing or
+    """Every row of ``directory/summary.json``, or of a sglang.benchmark.serving result file; a missing or
     malformed file names itself."""
     if os.path.isfile(directory) and os.path.basename(directory) != SUMMARY:
         return sglang_rows(directory)
@@ -82,12 +80,12 @@ def load_rows(directory: str) -> List[RunRow]:
 
 
 def sglang_rows(path: str) -> List[RunRow]:
-    """The runs of a ``sglang.bench_serving --output-file``: one row per line, labelled by its settings."""
+    """The runs of a ``sglang.benchmark.serving --output-file``: one row per line, labelled by its settings."""
     from specforge_outlets.loadgen.sglang_result import read_sglang_results, row_from_sglang
 
     name = os.path.basename(path)
     return [RunRow(name, f"{r.get('backend', 'sglang')} {r.get('dataset_name', '')} rate {r.get('request_rate', '?')}"
-                   .replace("  ", " "), "sglang.bench_serving", row_from_sglang(r, name))
+                   .replace("  ", " "), "sglang.benchmark.serving", row_from_sglang(r, name))
             for r in read_sglang_results(path)]
 
 
@@ -100,56 +98,40 @@ def _label(row: Dict) -> str:
     return ", ".join(part for part in parts if part) or "run"
 
 
-def _value(row: RunRow, cls: Optional[str], key: str) -> float:
-    from specforge_outlets.serving.metrics import metric_value
-
-    source = row.row if cls is None else row.row["metrics"][cls]
-    if key == "failed" and key not in source:
-        return 0.0  # summaries written before failures were counted: the simulator never fails
+def _value(row: RunRow, column: CompareKey) -> float:
     try:
-        return metric_value(source.get(key))
+        return column.value(row.row)
     except (TypeError, ValueError):
-        raise OutletsError(f"run {row.run} ({row.label}): {cls or 'row'}.{key} is not a number: {source.get(key)!r}") from None
+        raise OutletsError(f"run {row.run} ({row.label}): {column.name} is not a number") from None
 
 
-def markdown_table(rows: List[RunRow]) -> str:
+def markdown_table(rows: List[RunRow], columns: List[CompareKey]) -> str:
     from specforge_outlets.serving.metrics import format_metric, pipe_table
 
     policy_keys = [key for key in POLICY_KEYS if any(key in r.row for r in rows)]
-    header = ["run", "label", "kind"] + policy_keys + [column[0] for column in METRIC_COLUMNS]
+    header = ["run", "label", "kind"] + policy_keys + [column.name for column in columns]
     return pipe_table(header, (
         [r.run, r.label, r.kind] + [str(r.row.get(key, "–")) for key in policy_keys]
-        + [format_metric(_value(r, cls, key), fmt) for _, cls, key, fmt in METRIC_COLUMNS]
+        + [format_metric(_value(r, column), column.fmt) for column in columns]
         for r in rows
     ))
 
 
 def plot(rows: List[RunRow], path: str) -> None:
-    """Two panels of bars, one bar per row: short-request P99 e2e and output throughput."""
+    """Two panels of bars, one bar per row: short-request P99 e2e (ms) and output throughput (tok/s)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from specforge_outlets.serving.bars import draw_bars
+
     names = [f"{r.run}: {r.label}" for r in rows]
     colours = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(r.run for r in rows))}
     figure, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.5 * len(rows) + 4), 4.5))
-    for axis, (cls, key, title) in zip(axes, (("short", "e2e_p99_s", "short-request P99 e2e (s)"),
-                                               ("all", "throughput_tok_s", "output throughput (tok/s)"))):
-        values = [_value(r, cls, key) for r in rows]
-        finite = [v for v in values if math.isfinite(v)]
-        top = max(finite) if finite else 1.0
-        heights = [v if math.isfinite(v) else (top * 1.05 if math.isinf(v) else 0.0) for v in values]
-        bars = axis.bar(range(len(rows)), heights, color=[colours[r.run] for r in rows])
-        for bar, value in zip(bars, values):
-            if not math.isfinite(value):
-                bar.set_hatch("//")
-                bar.set_alpha(0.4)
-                axis.annotate("inf (failed)" if math.isinf(value) else "n/a", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                              ha="center", va="bottom", fontsize=7)
-        axis.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
-        axis.set_title(title)
-        axis.grid(axis="y", alpha=0.3)
+    for axis, name in zip(axes, PLOT_METRICS):
+        draw_bars(axis, names, [_value(r, KEYS[name]) for r in rows], [colours[r.run] for r in rows], rotation=60)
+        axis.set_title(name)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

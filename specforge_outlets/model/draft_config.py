@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass
 from enum import Enum, StrEnum
 from typing import Any, Dict, Optional, Tuple
 
+# The run's resolved draft config (SpecForge's, with ``outlets_config``): `outlets train` writes it
+# into the run's output_dir, next to the checkpoints; `outlets export` and the wandb run config read it.
+DRAFT_CONFIG_FILE = "draft_config.json"
+
 
 class HeadInput(StrEnum):
     """What the length head reads."""

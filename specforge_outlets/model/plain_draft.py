@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig
-from specforge_outlets.model.length_head import LengthHead
+from specforge_outlets.model.length_head import LengthHead, log_remaining_to_tokens
 from specforge_outlets.model.quantile_head import QuantileHead
 
 
@@ -200,7 +200,7 @@ class OutletsLengthPredictor:
 
     def predict_output_len(self, fused_features: torch.Tensor, prompt_ids, first_token) -> float:
         """r̂_0 in tokens (waits for the device: for offline use and tests)."""
-        value = float(torch.expm1(self.prompt_log_remaining(fused_features, prompt_ids, first_token)).clamp_min(0.0))
+        value = float(log_remaining_to_tokens(self.prompt_log_remaining(fused_features, prompt_ids, first_token)))
         if not math.isfinite(value):
             raise ValueError(f"prediction is not finite ({value})")
         return value

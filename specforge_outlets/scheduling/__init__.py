@@ -38,6 +38,7 @@ from specforge_outlets.scheduling.kv_budget import (
 from specforge_outlets.scheduling.kv_admission import (
     CHARGE_ADMISSIONS,
     CLIP_MAX_NEW_TOKENS,
+    DEFAULT_KV_ADMISSION,
     HISTORY_WINDOW,
     NUM_RESERVED_DECODE_TOKENS,
     PAGE_SIZE,
@@ -60,6 +61,8 @@ from specforge_outlets.scheduling.kv_admission import (
     admission_need,
     admitted_charge,
     create_admission,
+    kv_knob_values,
+    rule_knobs,
     future_peak,
 )
 from specforge_outlets.scheduling.length_distribution import (
@@ -68,6 +71,13 @@ from specforge_outlets.scheduling.length_distribution import (
     LengthDistribution,
     cvar_of,
     gittins_rank_of,
+)
+from specforge_outlets.scheduling.prediction import (
+    MIN_QUANTILE,
+    LengthPrediction,
+    PredictionSource,
+    remaining_or_prior,
+    total_quantiles,
 )
 from specforge_outlets.scheduling.request_queue import (
     FCFSRequestQueue,
@@ -121,6 +131,7 @@ __all__ = [
     "sjf_sort_key",
     "tail_safe_long_merge_keys",
     "tail_safe_sort_key",
+    "DEFAULT_KV_ADMISSION",
     "DEFAULT_KV_MARGIN",
     "DEFAULT_KV_QUANTILE",
     "predicted_output_budget",
@@ -149,12 +160,19 @@ __all__ = [
     "admission_need",
     "admitted_charge",
     "create_admission",
+    "kv_knob_values",
+    "rule_knobs",
     "future_peak",
     "DEFAULT_QUANTILE_LEVELS",
     "NUM_ATOMS",
     "LengthDistribution",
     "cvar_of",
     "gittins_rank_of",
+    "MIN_QUANTILE",
+    "LengthPrediction",
+    "PredictionSource",
+    "remaining_or_prior",
+    "total_quantiles",
     "FCFSRequestQueue",
     "QueuePolicy",
     "RequestKeys",

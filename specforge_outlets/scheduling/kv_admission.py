@@ -5,7 +5,7 @@ strategy, one small class per rule and a factory. The engine acts: it holds the 
 retracts and builds a :class:`CacheState` at each admission round; the strategy decides: what each
 request is charged and whether the next waiting one fits. The SGLang plugin
 (``sglang_patches/kv_admission.py``, around SGLang's ``PrefillAdder``) and the simulator
-(``simulation/engine.py``) call the same strategies, so what is simulated is what is served.
+(``simulation/schedulers/``) call the same strategies, so what is simulated is what is served.
 
 The rules on SGLang's ``PrefillAdder`` share its arithmetic (:class:`SGLangAdmission`): a round starts
 from the free KV less a charge per running request, and admits waiting requests in queue order while
@@ -42,12 +42,17 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import Deque, Iterable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, request_distribution
+from specforge_outlets.scheduling.prediction import LengthPrediction
 from specforge_outlets.scheduling.kv_budget import (
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
+    KNOBS,
+    KV_MARGIN,
+    KV_QUANTILE,
+    Knob,
     predicted_output_budget,
     quantile_output_budget,
 )
@@ -96,13 +101,19 @@ class KVAdmission(Enum):
     # prediction x (1 + kv_margin) (QuantileChargeAdmission); a request
     # without quantiles (the oracle) is charged its point prediction
     QUANTILE = "quantile"
-    # the plugin's default: the predicted future peak within the cache (PeakAdmission): each request's
+    # the default (DEFAULT_KV_ADMISSION): the predicted future peak within the cache (PeakAdmission): each request's
     # predicted end (r̂ₜ where the draft re-predicts), its kv_quantile-quantile with quantiles, the history's
     # expected remaining once it outlived its prediction or without one
     PEAK = "peak"
     # the same peak from the history of output lengths only (PastFutureAdmission; LightLLM's)
     PAST_FUTURE = "past-future"
 
+
+# The rule when none is named, the plugin's (--outlets-kv-admission) and the simulator's (kv_admission): the
+# predicted future peak, which in the simulated ladder of predictors put them in order where the charge admitted
+# less the better they were (docs/admission.md, "Why the peak is the plugin's default"). It gates SGLang's
+# PrefillAdder, so a simulated disaggregated cluster names its rule.
+DEFAULT_KV_ADMISSION = KVAdmission.PEAK
 
 # the plugin's charges by prediction (kv_margin on the prediction, or its kv_quantile-quantile)
 PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)
@@ -124,6 +135,15 @@ class KVRequest(NamedTuple):
     predicted_output_quantiles: Optional[Tuple[float, ...]] = None  # at the scheduling config's levels
     ignore_eos: bool = False  # it runs to max_new_tokens whatever is predicted
     held: int = 0  # KV tokens it holds now (SGLang: prompt + output but the last token, which the next step writes)
+
+    @classmethod
+    def from_prediction(cls, prediction: Optional[LengthPrediction], extend: int, generated: int, max_new_tokens: int,
+                        ignore_eos: bool = False, held: int = 0) -> "KVRequest":
+        """A request whose latest prediction is ``prediction`` (None: not predicted), as admission reads it."""
+        if prediction is None:
+            return cls(extend, generated, max_new_tokens, None, None, ignore_eos, held)
+        return cls(extend, generated, max_new_tokens, prediction.predicted_output_len,
+                   prediction.predicted_output_quantiles, ignore_eos, held)
 
 
 @dataclass(frozen=True)
@@ -155,7 +175,9 @@ class AdmissionRound(ABC):
 
 
 class Admission(ABC):
-    """One KV admission rule."""
+    """One KV admission rule; ``knobs``: the settings beside its name that it reads (the others are refused)."""
+
+    knobs: Tuple[Knob, ...] = ()
 
     @abstractmethod
     def open_round(self, state: CacheState) -> AdmissionRound:
@@ -229,6 +251,8 @@ def admitted_charge(extend: int, max_new_tokens: int) -> int:
 class PredictedChargeAdmission(SGLangAdmission):
     """``kv_admission predicted``: a predicted request charged its predicted remaining x (1 + ``kv_margin``)."""
 
+    knobs = (KV_MARGIN,)
+
     def __init__(self, kv_margin: float, config: SchedulingConfig) -> None:
         self.kv_margin, self.config = kv_margin, config
 
@@ -242,6 +266,8 @@ class PredictedChargeAdmission(SGLangAdmission):
 class QuantileChargeAdmission(SGLangAdmission):
     """``kv_admission quantile``: a predicted request charged the ``kv_quantile``-quantile of its remaining length,
     from its quantiles, else a point mass at its prediction (the predicted remaining, no margin)."""
+
+    knobs = (KV_QUANTILE,)
 
     def __init__(self, kv_quantile: float, config: SchedulingConfig) -> None:
         self.kv_quantile, self.config = kv_quantile, config
@@ -331,6 +357,8 @@ class PeakAdmission(SGLangAdmission):
     is ever retracted, and a request it refuses would overflow the cache before the running ones end.
     """
 
+    knobs = (KV_QUANTILE,)
+
     def __init__(self, kv_quantile: float, config: SchedulingConfig, history: OutputLengthHistory) -> None:
         self.kv_quantile, self.config, self.history = kv_quantile, config, history
 
@@ -391,6 +419,8 @@ class PeakRound(ChargeRound):
 
 class PastFutureAdmission(PeakAdmission):
     """The future peak without predictions (LightLLM's ``PastFutureQueue``): every end from the history."""
+
+    knobs = ()  # no quantiles read
 
     def predicted_total(self, request: KVRequest) -> float:
         return super().predicted_total(request._replace(predicted_output_len=None, predicted_output_quantiles=None))
@@ -511,3 +541,45 @@ def create_admission(kv_admission: KVAdmission, config: SchedulingConfig, kv_mar
             raise ValueError(f"kv admission {kv_admission.value} needs a vLLM version's block rules")
         return VLLMAdmission(block_rules, watermark_blocks)
     raise ValueError(f"kv admission {kv_admission.value} has no admission round (the simulator reserves per request)")
+
+
+# The strategy of each rule the factory builds (max-new-tokens has none: the simulator reserves per request), whose
+# ``knobs`` say what the rule reads
+RULE_STRATEGIES = {
+    KVAdmission.SGLANG: SGLangAdmission, KVAdmission.PREDICTED: PredictedChargeAdmission,
+    KVAdmission.QUANTILE: QuantileChargeAdmission, KVAdmission.PEAK: PeakAdmission,
+    KVAdmission.PAST_FUTURE: PastFutureAdmission, KVAdmission.VLLM: VLLMAdmission, KVAdmission.VLLM_0_13: VLLMAdmission,
+}
+
+
+def rule_knobs(kv_admission: KVAdmission) -> Tuple[Knob, ...]:
+    """The knobs a rule reads: its strategy's."""
+    strategy = RULE_STRATEGIES.get(kv_admission)
+    return () if strategy is None else strategy.knobs
+
+
+def kv_knob_values(kv_admission: KVAdmission, given: Mapping[str, Any], setting: Callable[[str], str],
+                   rule_setting: str, chosen: str) -> Dict[str, float]:
+    """Every knob's value by name: the ``given`` ones (by knob name; None: not given) checked, the others their default.
+
+    The one check of the plugin's flags and the simulator's cluster file: a value out of range, or a knob given to
+    a rule that does not read it (refused rather than ignored), raises ValueError with one line that names the
+    setting (``setting(name)``: the plugin's variable and flag, the cluster file's field) and the fix.
+    ``rule_setting`` names the rule's own setting (``--outlets-kv-admission``, ``kv_admission``); ``chosen`` says how
+    ``kv_admission`` was chosen (named, or left to :data:`DEFAULT_KV_ADMISSION`).
+    """
+    values = {}
+    for knob in KNOBS:
+        raw = given.get(knob.name)
+        if raw is None:
+            values[knob.name] = knob.default
+            continue
+        try:
+            values[knob.name] = knob.parse(raw)
+        except ValueError as error:
+            raise ValueError(f"{setting(knob.name)}={raw!r}: {error}") from None
+        if knob not in rule_knobs(kv_admission):
+            readers = " or ".join(rule.value for rule in KVAdmission if knob in rule_knobs(rule))
+            raise ValueError(f"{setting(knob.name)} is read by {rule_setting} {readers}, not by {chosen}: leave it "
+                             f"out or use {rule_setting} {readers}")
+    return values

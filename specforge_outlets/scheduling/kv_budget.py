@@ -17,7 +17,8 @@ reserves more for the uncertain ones, whose tails cause the retractions.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from specforge_outlets.scheduling.keys import SchedulingConfig, predicted_remaining
 from specforge_outlets.scheduling.length_distribution import LengthDistribution
@@ -32,6 +33,35 @@ DEFAULT_KV_MARGIN = 0.2
 # peak's per-request end): the upper decile, so that about one request in ten outgrows its reservation
 # if the quantiles are calibrated (the retraction then catches it), the q90 coverage the evaluation reports.
 DEFAULT_KV_QUANTILE = 0.9
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A number a KV admission rule reads beside its name (each strategy lists its own in ``knobs``).
+
+    The plugin's flag ``--outlets-<name>`` and the simulator's cluster field ``<name>`` are the same
+    knob, with this one default and this one check (``kv_admission.kv_knob_values``)."""
+
+    name: str  # the cluster field and the plugin setting; the flag is --outlets- and the name with dashes
+    default: float
+    valid: Callable[[float], bool]
+    expected: str  # what a valid value is, as a refusal says it: "give <expected>"
+
+    def parse(self, raw: Any) -> float:
+        """``raw`` (a number, or text as environment variables and YAML carry it) if valid, else ValueError."""
+        try:
+            value = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not self.valid(value):
+            raise ValueError(f"give {self.expected}")
+        return value
+
+
+KV_MARGIN = Knob("kv_margin", DEFAULT_KV_MARGIN, lambda value: math.isfinite(value) and value >= 0, "a number >= 0")
+KV_QUANTILE = Knob("kv_quantile", DEFAULT_KV_QUANTILE, lambda value: 0.0 < value < 1.0,
+                   "a level strictly between 0 and 1, e.g. 0.9")
+KNOBS = (KV_MARGIN, KV_QUANTILE)
 
 
 def predicted_output_budget(

@@ -13,13 +13,13 @@ the latency statistics with an **infinite** latency: leaving them out would make
 its slowest requests look fast. So a class's P99 is ``inf`` as soon as about 1% of it failed, and its
 mean is ``inf`` when any request failed; ``failed`` counts them. A failed request's TTFT is infinite
 only if it never produced a first token. In JSON, ``inf`` is written as the string ``"inf"`` and an
-undefined value (an empty class) as ``null`` (:func:`json_safe`, :func:`metric_value`).
+undefined value (an empty class) as ``null`` (``strict_json.json_safe``, :func:`metric_value`).
 
 Queueing delay is reported only when it is known (the simulator); a client cannot observe it, so
 ``queue_*`` keys are absent from measured runs.
 
 Inter-token latency (``itl_*``) pools the gaps between consecutive tokens of every request of a
-class, as ``sglang.bench_serving`` does; it is given as weighted gaps (a value and how often it
+class, as ``sglang.benchmark.serving`` does; it is given as weighted gaps (a value and how often it
 occurs), because the simulator knows them per decode segment, not per token. Its percentiles are
 the smallest gap with at least that share of the weight at or below it.
 """
@@ -34,10 +34,9 @@ import numpy as np
 # Requests with fewer output tokens than this are "short" (the method's threshold).
 DEFAULT_SHORT_THRESHOLD = 800
 CLASSES = ("all", "short", "long")
-INF_JSON = "inf"
 
 
-# Latencies an SLO can bound, by sglang.bench_serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
+# Latencies an SLO can bound, by sglang.benchmark.serving's --goodput names (``ttft:MS tpot:MS e2el:MS``);
 # ``e2e``, this project's earlier name for ``e2el``, is still read. SLO name -> the latency it bounds.
 SLO_LATENCIES = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
 SLO_METRICS = tuple(SLO_LATENCIES)
@@ -103,7 +102,7 @@ def summarize_requests(
     e2e = np.where(ok, finish - arrival, np.inf)
     ttft = first_token - arrival
     ttft = np.where(np.isnan(ttft), np.inf, ttft)  # never produced a token
-    # Time per output token after the first, as sglang.bench_serving reports it; undefined (NaN, left out
+    # Time per output token after the first, as sglang.benchmark.serving reports it; undefined (NaN, left out
     # of its statistics) for one-token outputs, infinite for a failed request.
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(ok, np.where(outputs > 1, (e2e - ttft) / (outputs - 1), np.nan), np.inf)
@@ -191,24 +190,6 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     cumulative = np.cumsum(weights[order])
     rank = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left"))
     return float(values[order][min(rank, len(values) - 1)])
-
-
-def json_safe(value: Any) -> Any:
-    """A copy that strict JSON can hold: ``inf`` -> ``"inf"``, NaN -> ``null`` (nested dicts/lists)."""
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
-    if isinstance(value, (float, np.floating)):
-        number = float(value)
-        if math.isnan(number):
-            return None
-        if math.isinf(number):
-            return INF_JSON if number > 0 else "-inf"
-        return number
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def metric_value(value: Any) -> float:

@@ -13,7 +13,9 @@ from typing import Any, Dict, List
 
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.serving.metrics import CLASSES, json_safe
+from specforge_outlets.serving.metrics import CLASSES
+from specforge_outlets.strict_json import json_safe
+from specforge_outlets.wandb_report import Table
 
 SUMMARY = "summary.json"
 
@@ -43,3 +45,15 @@ def read_summary(directory_or_file: str) -> Dict[str, Any]:
         if not isinstance(metrics, dict) or any(not isinstance(metrics.get(c), dict) for c in CLASSES):
             raise OutletsError(f"{path}: runs[{index}] has no metrics for all/short/long; rerun the command that wrote it")
     return {**summary, "path": path}
+
+
+def summary_rows_table(runs: Sequence[Dict[str, Any]]) -> Table:
+    """A summary.json's ``runs`` as one table: each row's own fields, then ``CLASS/metric`` columns."""
+    columns: List[str] = []
+    flat_rows = []
+    for run in runs:
+        flat = {key: value for key, value in run.items() if key != "metrics" and not isinstance(value, (dict, list))}
+        flat.update({f"{cls}/{key}": value for cls in CLASSES for key, value in run["metrics"][cls].items()})
+        columns += [key for key in flat if key not in columns]
+        flat_rows.append(flat)
+    return columns, [[json_safe(row.get(column)) for column in columns] for row in flat_rows]

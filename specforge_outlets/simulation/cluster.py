@@ -17,13 +17,16 @@ import numpy as np
 import yaml
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.resources import resolve_recipe, where_recipes_are
 from specforge_outlets.scheduling import (
+    DEFAULT_KV_ADMISSION,
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
     DEFAULT_LOAD_POLL_INTERVAL_S,
     PEAK_ADMISSIONS,
     VLLM_ADMISSIONS,
     KVAdmission,
+    kv_knob_values,
 )
 from specforge_outlets.simulation.hardware import (
     DEFAULT_BANDWIDTH_EFFICIENCY,
@@ -69,7 +72,8 @@ class ClusterConfig:
     kv_transfer_bandwidth: float = 50e9  # bytes/s between prefill and decode (400 Gb/s RDMA)
     kv_transfer_latency_s: float = 0.002  # fixed cost per transfer
     predict_at: PredictionPoint = PredictionPoint.PREFILL
-    kv_admission: KVAdmission = KVAdmission.MAX_NEW_TOKENS
+    kv_admission: KVAdmission = DEFAULT_KV_ADMISSION  # the plugin's default too; colocated only (check_kv_admission)
+    # the knobs the rule's strategy reads (kv_admission.rule_knobs), refused with a rule that does not read them:
     kv_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
     kv_quantile: float = DEFAULT_KV_QUANTILE  # quantile admission: the level of the remaining length reserved
     # SGLang's new_token_ratio knobs (its admission, and the plugin's, which keeps it for requests without a
@@ -114,8 +118,9 @@ _POSITIVE_INT_FIELDS = (
 )
 _POSITIVE_FLOAT_FIELDS = ("memory_fraction", "kv_transfer_bandwidth", "bandwidth_efficiency", "prefill_mfu",
                           "schedule_conservativeness")
-_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "kv_margin",
-                              "load_poll_interval_s", "min_new_token_ratio_factor")
+_NON_NEGATIVE_FLOAT_FIELDS = ("kv_transfer_latency_s", "step_overhead_s", "load_poll_interval_s",
+                              "min_new_token_ratio_factor")
+_KV_KNOB_FIELDS = ("kv_margin", "kv_quantile")  # checked with the rule (kv_knob_values)
 
 
 def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConfig:
@@ -143,21 +148,20 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
             parsed[name] = _number(source, name, value, positive=name in _POSITIVE_FLOAT_FIELDS)
         elif name == "fitted_step_time" and value is not None:
             parsed[name] = _fitted_step_time(source, value)
-        elif name == "kv_quantile":
-            try:
-                number = float(value) if not isinstance(value, bool) else math.nan
-            except (TypeError, ValueError):
-                number = math.nan
-            if not 0 < number < 1:
-                raise OutletsError(f"{source}: kv_quantile must be a number strictly between 0 and 1, got {value!r}")
-            parsed[name] = number
-        else:
+        elif name not in _KV_KNOB_FIELDS:
             parsed[name] = value
+    rule = parsed.get("kv_admission", DEFAULT_KV_ADMISSION)
+    chosen = f"kv_admission {rule.value}" + ("" if "kv_admission" in values else " (the default)")
+    try:
+        knobs = kv_knob_values(rule, values, lambda name: f"{source}: {name}", "kv_admission", chosen)
+    except ValueError as error:
+        raise OutletsError(str(error)) from None
+    parsed.update((name, knobs[name]) for name in _KV_KNOB_FIELDS if name in values)
     config = ClusterConfig(**parsed)
     if config.fitted_step_time is not None and config.kv_capacity_tokens is None:
         raise OutletsError(f"{source}: fitted_step_time needs kv_capacity_tokens, the measured server's cache in tokens "
                            "(its --max-total-tokens): the cache cannot be derived from a GPU's memory then")
-    check_kv_admission(config, source)
+    check_kv_admission(config, source, named="kv_admission" in values)
     if config.kv_capacity() < 1:
         raise OutletsError(
             f"{source}: model {config.model} does not fit on {config.gpu} with memory_fraction "
@@ -166,13 +170,14 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
     return config
 
 
-def check_kv_admission(config: ClusterConfig, source: str) -> None:
-    """Refuse an engine's own admission where the simulator does not model it."""
+def check_kv_admission(config: ClusterConfig, source: str, named: bool = True) -> None:
+    """Refuse an engine's own admission where the simulator does not model it (``named``: not left to the default)."""
     if config.kv_admission in PEAK_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
+        rule = f"kv_admission {config.kv_admission.value}" + ("" if named else ", the default,")
         raise OutletsError(
-            f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated instances "
-            "run; disaggregated decode instances admit transferred requests by another rule (kv_admission sglang runs "
-            "it): set mode colocated")
+            f"{source}: {rule} gates SGLang's PrefillAdder, which colocated instances run; disaggregated decode "
+            "instances admit transferred requests by another rule (kv_admission sglang runs it): set mode colocated, "
+            "or name kv_admission sglang, predicted or max-new-tokens")
     if config.kv_admission in VLLM_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
             f"{source}: kv_admission {config.kv_admission.value} models vLLM's Scheduler on colocated instances; vLLM "
@@ -209,9 +214,10 @@ def _number(source: str, name: str, value: Any, positive: bool) -> float:
 
 
 def load_cluster_config(path: str) -> ClusterConfig:
-    """Read a cluster YAML file."""
+    """Read a cluster YAML file, or a shipped one by name (``cluster-h100-1p3d``)."""
+    path = resolve_recipe(path)
     if not os.path.isfile(path):
-        raise OutletsError(f"cluster config {path}: no such file")
+        raise OutletsError(f"cluster config {path}: no such file; {where_recipes_are()}")
     with open(path, encoding="utf-8") as handle:
         try:
             values = yaml.safe_load(handle) or {}

@@ -70,8 +70,8 @@ DEFAULT_BANDWIDTH_EFFICIENCY = 0.7
 # Model FLOPs utilisation of prefill GEMMs at batch sizes of thousands of tokens.
 DEFAULT_PREFILL_MFU = 0.5
 # Fixed cost of every step: scheduling, sampling, kernel launches. Fitted to the published
-# Llama-3.1-8B / H100 vLLM measurement (benchmarks/simulate_calibration.py): 5 ms puts both the
-# simulated throughput (+4%) and median TPOT (+3%) within 4% of it.
+# Llama-3.1-8B / H100 vLLM measurement (benchmarks/simulate_calibration.py; how close the fit comes:
+# docs/simulation.md, "Calibration").
 DEFAULT_STEP_OVERHEAD_S = 0.005
 # Share of GPU memory for weights plus KV cache (SGLang's --mem-fraction-static is ~0.88).
 DEFAULT_MEMORY_FRACTION = 0.88

@@ -70,7 +70,7 @@ def register(subparsers) -> None:
                         help="routing of the controlled study (default least-predicted-work)")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                        help="SLO targets in ms by sglang.bench_serving's --goodput names, e.g. ttft:500 tpot:50 e2el:9000 "
+                        help="SLO targets in ms by sglang.benchmark.serving's --goodput names, e.g. ttft:500 tpot:50 e2el:9000 "
                         "(e2e is read as e2el): adds slo_attainment "
                         "and goodput_rps (requests within every target per second) per length class")
     parser.add_argument("--prior-output-len", type=float, default=DEFAULT_PRIOR_OUTPUT_LEN,
@@ -106,6 +106,7 @@ def run(args) -> int:
     from specforge_outlets.atomic import directory_replaced
     from specforge_outlets.evaluation.predictions_file import read_predictions
     from specforge_outlets.scheduling import SchedulingConfig
+    from specforge_outlets.serving.summary import summary_rows_table
     from specforge_outlets.simulation.cluster import load_cluster_config
     from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy, routing_spelling
     from specforge_outlets.simulation.predicted_lengths import PredictorKind, read_file_quantiles
@@ -187,7 +188,7 @@ def run(args) -> int:
                    for path in write_report(scratch, header, rows)]
     for path in written:
         print(f"wrote {path}")
-    wandb_report.log_run(args, "simulate", args.output, header, {"summary": wandb_report.summary_rows_table(rows)},
+    wandb_report.log_run(args, "simulate", args.output, header, {"summary": summary_rows_table(rows)},
                          [path for path in written if path.endswith(".png")])
     return 0
 

@@ -131,8 +131,8 @@ SERVER_ARGS = ["--max-running-requests", "64", "--disable-radix-cache", "--enabl
 PREDICTORS = ("none", "bert", "outlets", "oracle")
 # The server's scheduler (its forward) runs one thread on this core alone, the client and the server's
 # other processes on the others: with torch's default, one thread on every core, a parallel region
-# stalls whenever any other process takes a core (a run beside a test suite at nice 19 took 1.9x as
-# long per decode step as the same policy alone), and the client is such a process. SGLang's own
+# stalls whenever any other process takes a core (docs/results.md, "Real servers: KV-bound SGLang on
+# this CPU"), and the client is such a process. SGLang's own
 # binding (SGLANG_CPU_OMP_THREADS_BIND) acts only on CPUs with AMX or on arm64, not on this one.
 SERVER_CORE = (os.cpu_count() or 1) - 1
 QUANTILES = "outlets quantiles"  # the distribution record's point and quantiles (write_quantile_predictions)

@@ -20,10 +20,10 @@ from specforge.algorithms.eagle3 import providers as eagle3
 from specforge.algorithms.registry import AlgorithmRegistration, AlgorithmRegistry
 
 from specforge_outlets.data.features import FEATURE_KEYS, LENGTH_KEY, LOWER_BOUND_KEY
+from specforge_outlets.data.fusion_layers import to_specforge_layer_ids
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft import DRAFT_ARCHITECTURE
-from specforge_outlets.model.fusion import to_specforge_layer_ids
 from specforge_outlets.training.settings import OutletsSettings
 
 ALGORITHM_NAME = "eagle3-outlets"

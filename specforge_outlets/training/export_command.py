@@ -14,9 +14,8 @@ import json
 import os
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.model.draft_config import DRAFT_CONFIG_FILE
 from specforge_outlets.model.draft_modes import describe
-
-DRAFT_CONFIG_FILE = "draft_config.json"
 
 
 def register(subparsers) -> None:

@@ -60,7 +60,7 @@ def _check_tracking(cfg) -> None:
 
 def _check_target_weights(cfg) -> None:
     """SpecForge loads the frozen target head and embedding by key through the weight index."""
-    from specforge_outlets.model.weight_index import INDEX_FILE, read_index
+    from specforge_outlets.data.weight_index import INDEX_FILE, read_index
 
     target = cfg.model.target_model_path
     if not os.path.isdir(target):
@@ -71,7 +71,7 @@ def _check_target_weights(cfg) -> None:
     if weight_map is None:
         raise OutletsError(
             f"model.target_model_path={target} has no *.index.json, which SpecForge's target head "
-            f"needs; write {INDEX_FILE} with `python -m specforge_outlets.model.weight_index {target}`"
+            f"needs; write {INDEX_FILE} with `python -m specforge_outlets.data.weight_index {target}`"
         )
     for field in ("lm_head_key", "embedding_key"):
         key = getattr(cfg.model, field)

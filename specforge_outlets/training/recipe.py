@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import yaml
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.resources import resolve_recipe, where_recipes_are
 from specforge_outlets.training.settings import OutletsSettings
 
 OUTLETS_BLOCK = "outlets"
@@ -31,7 +32,7 @@ def read_recipe_file(path: str) -> Dict[str, Any]:
         with open(path) as f:
             raw = yaml.safe_load(f)
     except FileNotFoundError:
-        raise OutletsError(f"recipe {path} does not exist") from None
+        raise OutletsError(f"recipe {path} does not exist; {where_recipes_are()}") from None
     except yaml.YAMLError as exc:
         raise OutletsError(f"recipe {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
@@ -70,6 +71,7 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
 
     from specforge_outlets.data.targets import resolve_target
 
+    path = resolve_recipe(path)  # a shipped recipe's name works from any directory
     raw = read_recipe_file(path)
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("target_model_path"), str):

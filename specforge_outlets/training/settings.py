@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from specforge_outlets.data.fusion_layers import default_fusion_layers, validate_fusion_layers
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import HeadInput, OutletsDraftConfig, QuantileMode, TargetFeatures
 from specforge_outlets.model.quantile_head import check_levels
-from specforge_outlets.model.fusion import default_fusion_layers, validate_fusion_layers
 
 HEAD_TYPES = ("regression", "buckets")
 BIAS_INITS = ("mean", "zero")

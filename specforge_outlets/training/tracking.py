@@ -16,8 +16,8 @@ import json
 import os
 from typing import Any, Dict
 
+from specforge_outlets.model.draft_config import DRAFT_CONFIG_FILE
 from specforge_outlets.training.settings import OutletsSettings
-from specforge_outlets.training.train_command import DRAFT_CONFIG_FILE
 
 
 def outlets_config(settings: OutletsSettings, output_dir: str) -> Dict[str, Any]:

@@ -11,11 +11,11 @@ import os
 import sys
 
 from specforge_outlets.errors import OutletsError
+from specforge_outlets.model.draft_config import DRAFT_CONFIG_FILE
 
 # Workers re-enter through this CLI. torchrun's --no-python runs the command as given.
 WORKER_PREFIX = (sys.executable, "-m", "specforge_outlets.cli")
 TORCHRUN_PREFIX = (sys.executable, "-m", "torch.distributed.run", "--no-python")
-DRAFT_CONFIG_FILE = "draft_config.json"  # the resolved draft config, next to the checkpoints; export reads it
 
 
 def register(subparsers) -> None:

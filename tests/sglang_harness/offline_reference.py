@@ -66,7 +66,7 @@ def make_export(target: str, out: str, quantile_levels=None) -> str:
     from transformers import AutoConfig, LlamaConfig
 
     from specforge_outlets.model.draft import DRAFT_ARCHITECTURE, OutletsLlamaForCausalLMEagle3
-    from specforge_outlets.model.fusion import default_fusion_layers, to_specforge_layer_ids
+    from specforge_outlets.data.fusion_layers import default_fusion_layers, to_specforge_layer_ids
     from specforge_outlets.training.algorithm import ALGORITHM_NAME
     from specforge_outlets.training.export_command import export_draft
 

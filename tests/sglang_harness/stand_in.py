@@ -21,7 +21,7 @@ def request(rid, predicted_output_len=None, quantiles=None, arrival=0.0, generat
     sampling params (``custom``: its ``custom_params``) and, if given, an external prediction and its quantiles."""
     req = StandInReq(rid=rid, output_ids=[0] * generated, customized_info=None, origin_input_ids=[1] * prompt_len,
                      sampling_params=SimpleNamespace(custom_params=custom, max_new_tokens=4000, ignore_eos=False))
-    req.outlets_arrival_time = arrival
+    P.record(req).arrival = arrival
     req.finished = lambda: False
     if predicted_output_len is not None:
         P.set_predicted_output_len(req, predicted_output_len, "external", quantiles)
@@ -53,5 +53,5 @@ class FreshView:
 
 def fresh_view(req) -> FreshView:
     """What the order's keys read of ``req`` now."""
-    return FreshView(req.rid, req.outlets_arrival_time, P.predicted_output_len(req), len(req.output_ids),
+    return FreshView(req.rid, P.record(req).arrival, P.predicted_output_len(req), len(req.output_ids),
                      P.predicted_output_quantiles(req), len(req.origin_input_ids))

@@ -1,0 +1,91 @@
+"""A request as the simulator moves it through the cluster."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+
+class SimRequest:
+    """A request as it moves through the cluster (the fields the scheduling core reads included)."""
+
+    __slots__ = (
+        "index", "arrival_time", "input_len", "output_len", "unrevealed_predicted_output_len", "predicted_output_len",
+        "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
+        "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
+        "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay",
+        "unrevealed_predicted_output_quantiles", "predicted_output_quantiles", "quantile_trajectory",
+        "last_token_time", "span_start", "span_pause",  # TokenGapLog's
+    )
+
+    def __init__(self, index: int, arrival_time: float, input_len: int, output_len: int,
+                 predicted_output_len: Optional[float], reservation: int, trajectory: Optional[np.ndarray] = None,
+                 quantiles: Optional[Tuple[float, ...]] = None,
+                 quantile_trajectory: Optional[Sequence[Tuple[float, ...]]] = None) -> None:
+        self.index = index
+        self.arrival_time = arrival_time
+        self.input_len = input_len
+        self.output_len = output_len
+        # r̂_0, revealed to the scheduler (as predicted_output_len) at the cluster's prediction point
+        self.unrevealed_predicted_output_len = predicted_output_len
+        self.predicted_output_len: Optional[float] = None
+        # dynamic predictions: entry k is the predicted remaining tokens (r̂_t) read at output token k + 1,
+        # counting that token
+        self.trajectory = trajectory
+        # total-length quantiles at the scheduling config's levels, revealed with the prediction, and
+        # the remaining-length quantiles read at each output token (as trajectory); None: a point mass
+        self.unrevealed_predicted_output_quantiles = quantiles
+        self.predicted_output_quantiles: Optional[Tuple[float, ...]] = None
+        self.quantile_trajectory = quantile_trajectory
+        self.prefill_queue_delay = 0.0
+        self.transfer_time = 0.0
+        self.decode_queue_delay = 0.0
+        self.num_generated_tokens = 0
+        self.reservation = reservation  # KV tokens reserved at the current admission
+        self.full_reservation = reservation  # prompt + max(max_new_tokens, output): can never overflow
+        self.enqueue_time = 0.0
+        self.queue_delay = 0.0
+        self.pending_work = 0.0  # this request's share of its instance's waiting work
+        self.prefill_left = input_len
+        self.prefill_claim = 0  # KV tokens its prefill (or recomputation) holds while it runs
+        self.join_step = 0
+        self.finish_step = -1  # the step its decode ends; -1 while not decoding
+        self.retractions = 0
+        self.first_token_time = np.nan
+        self.finish_time = np.nan
+        self.last_token_time = np.nan
+        self.span_start = 0
+        self.span_pause = 0.0
+
+    def predicted_output_len_at(self, generated: int) -> Optional[float]:
+        """The predicted output length the scheduler holds once ``generated`` tokens exist.
+
+        Static: the prediction revealed at the prediction point. Dynamic (a trajectory, as EAGLE-3
+        mode re-predicts after every step): from the second token on, the latest estimate, read at
+        output token k, says the request ends after ``k - 1 + estimate`` tokens
+        (``sglang_patches.predictions.set_predicted_remaining``); at the first it is the prediction.
+        """
+        if self.trajectory is None or self.predicted_output_len is None or generated < 2:
+            return self.predicted_output_len
+        k = min(generated, len(self.trajectory))
+        return k - 1 + float(self.trajectory[k - 1])
+
+    def predicted_output_quantiles_at(self, generated: int) -> Optional[Tuple[float, ...]]:
+        """The total-length quantiles the scheduler holds once ``generated`` tokens exist, as
+        :meth:`predicted_output_len_at`."""
+        quantiles = self.predicted_output_quantiles
+        if self.quantile_trajectory is None or quantiles is None or generated < 2:
+            return quantiles
+        k = min(generated, len(self.quantile_trajectory))
+        return tuple(k - 1 + value for value in self.quantile_trajectory[k - 1])
+
+    def reveal_prediction(self) -> None:
+        """The prediction point: the scheduler learns the point and the quantiles."""
+        self.predicted_output_len = self.unrevealed_predicted_output_len
+        self.predicted_output_quantiles = self.unrevealed_predicted_output_quantiles
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens (what the kv-footprint key reads)."""
+        return self.input_len
