@@ -25,11 +25,16 @@ def write_text_atomic(path: str, text: str) -> str:
     return path
 
 
+def partial_path(path: str) -> str:
+    """Where :func:`directory_replaced` writes ``path`` until it is complete."""
+    return path.rstrip("/") + ".partial"
+
+
 @contextmanager
 def directory_replaced(path: str) -> Iterator[str]:
     """A scratch path beside ``path`` (``path.partial``, absent on entry) that replaces ``path`` when the block
     ends without an error: an interrupted writer leaves the old directory, never half a new one."""
-    partial = path.rstrip("/") + ".partial"
+    partial = partial_path(path)
     shutil.rmtree(partial, ignore_errors=True)
     yield partial
     shutil.rmtree(path, ignore_errors=True)

@@ -11,12 +11,17 @@ under ``OUTPUT/wandb``) and logs its summary tables as ``wandb.Table`` and its p
 from __future__ import annotations
 
 import glob
+import netrc
 import os
 from typing import Any, Dict, List, Sequence, Tuple
+from urllib.parse import urlparse
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.strict_json import json_safe
 
 Table = Tuple[List[str], List[List[Any]]]  # columns, rows
+LOCAL_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no account
+DEFAULT_HOST = "https://api.wandb.ai"  # wandb's server unless WANDB_BASE_URL names another
 
 
 def add_arguments(parser) -> None:
@@ -24,6 +29,28 @@ def add_arguments(parser) -> None:
                         help="also log the summary tables and plots to wandb (one run; WANDB_MODE=offline for "
                              "no upload; files under OUTPUT/wandb)")
     parser.add_argument("--wandb-project", default="outlets", help="wandb project (default outlets)")
+
+
+def has_login() -> bool:
+    """Whether a wandb run can open without asking for a key: a local WANDB_MODE, WANDB_API_KEY, an identity
+    token file, or the ``.netrc`` entry `wandb login` writes (the sources SpecForge's tracker reads too).
+    Checked before a command runs: wandb would otherwise fail after the work is done, or wait for a key."""
+    if os.environ.get("WANDB_MODE", "").lower() in LOCAL_MODES:
+        return True
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or DEFAULT_HOST).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_login(args) -> None:
+    """Refuse ``--report-to wandb`` without a wandb login, before the command does its work."""
+    if getattr(args, "report_to", "none") == "wandb" and not has_login():
+        raise OutletsError("--report-to wandb: wandb is not logged in (no WANDB_API_KEY, no ~/.netrc entry); "
+                           "run `wandb login`, set WANDB_MODE=offline, or pass --report-to none")
 
 
 def log_run(args, job_type: str, output_dir: str, config: Dict[str, Any], tables: Dict[str, Table],

@@ -9,7 +9,7 @@ import torch
 from specforge_outlets.data import capture_command
 from specforge_outlets.data.chat_tokens import tokenise_conversation
 from specforge_outlets.data.conversations import RowError
-from specforge_outlets.data.features import FeatureFileError, load_features
+from specforge_outlets.data.features import FeatureFileError, load_features, save_features
 from specforge_outlets.data.labels import NO_LABEL
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_target, make_chat_tokenizer
@@ -114,6 +114,9 @@ def test_capture_command_writes_specforge_features(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ({"id": "x1", "prompt": "hi"}, r"r.jsonl:2 \(id x1\): no 'conversations' list; .*outlets regenerate"),
     ("{oops", r"r.jsonl:2: .*fix or remove the line"),
+    ({"id": "x1", "conversations": [answer("I speak first"), user("Hi"), answer("Hello")]},
+     r"r.jsonl:2 \(id x1\): the conversation starts with an assistant turn, before any user turn; fix or remove"),
+    ({"id": "x1", "conversations": [user("Hi"), {"role": "assistant"}]}, r"r.jsonl:2 \(id x1\): turn 1 is not a "),
 ])
 def test_capture_refuses_a_row_it_cannot_read_before_writing_anything(tmp_path, line, message):
     target = make_chat_target(str(tmp_path / "target"))
@@ -294,3 +297,43 @@ def test_capture_in_shards_then_resume_gives_the_same_files_and_manifest(tmp_pat
     other = write_jsonl(tmp_path / "other.jsonl", rows[::-1])
     with pytest.raises(OutletsError, match="holds another conversation than row r4"):
         run_command(capture_command, [*base[:-4], "--input", other, "--dtype", "float32", "--output", sharded, "--resume"])
+
+
+def test_an_interrupted_new_capture_leaves_no_output_and_resume_finishes_it(tmp_path, monkeypatch):
+    target = make_chat_target(str(tmp_path / "target"))
+    rows = [{"id": f"r{i}", "conversations": [user(f"Question {i}?"), answer("words " * (i + 1))]} for i in range(3)]
+    source = write_jsonl(tmp_path / "r.jsonl", rows)
+    out = tmp_path / "features"
+    args = ["capture", "--target", target, "--input", source, "--output", out]
+    saved = []
+
+    def stopped_after_one(path, features):
+        if saved:
+            raise KeyboardInterrupt
+        saved.append(path)
+        save_features(path, features)
+
+    monkeypatch.setattr(capture_command, "save_features", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        run_command(capture_command, args)
+    assert not out.exists()  # never a directory of feature files without its manifest
+    monkeypatch.undo()
+    assert run_command(capture_command, [*args, "--resume"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [f["id"] for f in manifest["files"]] == ["r0", "r1", "r2"] and manifest["counts"]["resumed"] == 1
+    assert not (tmp_path / "features.partial").exists()
+
+
+def test_shards_of_one_directory_start_independently(tmp_path):
+    target = make_chat_target(str(tmp_path / "target"))
+    rows = [{"id": f"r{i}", "conversations": [user(f"Question {i}?"), answer("words " * (i + 1))]} for i in range(4)]
+    source = write_jsonl(tmp_path / "r.jsonl", rows)
+    out = tmp_path / "sharded"
+    base = ["capture", "--target", target, "--input", source, "--output", out]
+    for shard in ("0/2", "1/2"):  # no --resume: the second shard does not see the first's files as its own
+        assert run_command(capture_command, [*base, "--shard", shard]) == 0
+    assert sorted(os.listdir(out)) == [f"data_{i}.ckpt" for i in range(4)]
+    with pytest.raises(OutletsError, match="already holds feature files of shard 1/2"):
+        run_command(capture_command, [*base, "--shard", "1/2"])
+    assert run_command(capture_command, [*base, "--resume"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["counts"]["resumed"] == 4

@@ -177,3 +177,18 @@ def test_sharded_regeneration_needs_a_worker(tmp_path):
 
     with pytest.raises(OutletsError, match="--workers 0"):
         regenerate_sharded(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), 0, [])
+
+
+def test_resume_with_other_generation_settings_is_refused_naming_them(tmp_path):
+    source, output = rows_in(tmp_path), tmp_path / "out.jsonl"
+    with StubChatServer(slow_seconds=0.1) as server:
+        args = ["regenerate", *OPENAI, "--base-url", server.url, "--input", source, "--output", output]
+        run_command(regenerate_command, args)
+        rows = output.read_text()
+        with pytest.raises(OutletsError) as refused:
+            run_command(regenerate_command, [*args, "--resume", "--max-new-tokens", "60", "--temperature", "0"])
+        assert output.read_text() == rows  # nothing appended
+        run_command(regenerate_command, [*args, "--resume"])  # the same settings resume
+    message = str(refused.value)
+    assert "\n" not in message and "--max-new-tokens 50, --temperature 0.7" in message
+    assert "--max-new-tokens 60, --temperature 0.0" in message and "out.summary.json" in message

@@ -576,3 +576,53 @@ def test_a_train_split_sharing_a_prompt_with_the_test_split_is_refused_naming_bo
                   "--baselines", "constant")
     assert "train id twin0 and test id r100 are one prompt group" in err
     assert not (tmp_path / "report").exists()
+
+
+# --- issue 46: a draft that does not fit the features is named before it loads -----------------------
+
+
+def edited_export(draft, destination, edit):
+    """A copy of ``draft`` whose config.json ``edit`` changed (as a hand-edited or mismatched export)."""
+    shutil.copytree(draft, destination)
+    path = os.path.join(destination, "config.json")
+    with open(path) as handle:
+        config = json.load(handle)
+    edit(config)
+    with open(path, "w") as handle:
+        json.dump(config, handle)
+    return str(destination)
+
+
+def test_a_draft_fusing_other_layers_than_the_capture_is_refused(chat, draft, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    captured = load_split(test_dir).manifest["fusion_layers"]
+    other = [layer - 1 for layer in captured]
+    moved = edited_export(draft, tmp_path / "moved", lambda c: c["outlets_config"].update(fusion_layers=other))
+    err = refused(capsys, tmp_path / "o", "--draft", moved, "--features", test_dir, "--train-features", train_dir,
+                  "--baselines", "none", "--target", target, "--no-drafting")
+    assert err.count("\n") == 1 and f"the draft fuses target layers {other}" in err
+    assert f"captured at {captured}" in err and "--fusion-layers" in err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(hidden_size=48), "head_widths [32, 16, 8] must start at hidden_size 48"),
+    (lambda c: c["outlets_config"].update(head_widths=[32, 8, 4]), "model.safetensors does not match its config.json"),
+    (lambda c: c.update(target_hidden_size=16), "whose fusion layer reads 3 x 16 target features"),
+])
+def test_a_draft_of_another_shape_is_one_line_not_a_traceback(chat, draft, tmp_path, capsys, edit, message):
+    target, train_dir, test_dir = chat
+    other = edited_export(draft, tmp_path / "other", edit)
+    err = refused(capsys, tmp_path / "o", "--draft", other, "--features", test_dir, "--train-features", train_dir,
+                  "--baselines", "none", "--target", target, "--no-drafting")
+    assert err.count("\n") == 1 and message in err
+
+
+def test_baselines_none_needs_no_train_features_and_a_baseline_names_them(chat, draft, tmp_path, capsys):
+    target, train_dir, test_dir = chat
+    out = tmp_path / "report"
+    assert main(["eval", "--draft", draft, "--features", test_dir, "--baselines", "none", "--target", target,
+                 "--output", str(out), "--no-drafting", "--no-progress", "--timing-repeats", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["predictors"]) == ["outlets"] and report["n_train_requests"] == 0
+    err = refused(capsys, tmp_path / "o", "--features", test_dir, "--baselines", "constant")
+    assert err.count("\n") == 1 and "--train-features is needed to fit the baselines (constant)" in err

@@ -318,3 +318,56 @@ def test_a_killed_run_restarted_on_its_directory_ends_where_an_uninterrupted_run
         assert torch.allclose(value, state(killed)[key], atol=1e-5), key
     assert prune_checkpoints(str(killed), "tiny", keep=[2]) == [4]
     assert sorted(complete_checkpoints(str(killed), "tiny")) == [2, 6]
+
+
+# --- issue 46: bad inputs that trained silently or failed with a traceback ------------------------
+
+
+def test_features_without_a_manifest_a_crashed_capture_are_refused(capsys, tiny_target, tiny_features, tmp_path):
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tiny_features, crashed)
+    os.remove(crashed / "manifest.json")
+    recipe = write_recipe(str(tmp_path / "r.yaml"), tiny_target, str(crashed), str(tmp_path / "o"))
+    err = refused(capsys, recipe)
+    assert err.count("\n") == 1 and f"data.hidden_states_path={crashed} has no manifest.json" in err
+    assert "--resume" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_wandb_without_a_login_is_refused_before_training(capsys, recipe, tmp_path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    err = refused(capsys, recipe, "tracking.wandb_offline=false")
+    assert err.count("\n") == 1 and "`wandb login`" in err and "tracking.report_to=none" in err
+    (tmp_path / "no-netrc").write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+    from specforge_outlets.wandb_report import has_login
+
+    assert has_login()  # what `wandb login` writes is found
+
+
+def test_a_dataset_too_small_for_the_accumulation_is_one_line_naming_the_fields(recipe):
+    # 24 files, batch 4, 4 epochs: 24 micro-batches, not a multiple of 5 (refused inside SpecForge's trainer)
+    result = outlets("train", "--config", recipe, "training.accumulation_steps=5", "tracking.report_to=none")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    err = result.stderr.strip().splitlines()[-1]
+    assert err.startswith("outlets train: error: ") and "incomplete gradient accumulation" in err
+    assert "training.batch_size" in err and "training.accumulation_steps" in err and "training.max_steps" in err
+
+
+def test_rerunning_train_on_its_output_directory_resumes_instead_of_overwriting(tiny_target, tiny_features, tmp_path):
+    recipe = write_recipe(str(tmp_path / "recipe.yaml"), tiny_target, tiny_features, str(tmp_path),
+                          training={"max_steps": 2, "save_interval": 2}, tracking={"report_to": "none"})
+    first = outlets("train", "--config", recipe)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    state = tmp_path / "tiny-step2" / "training_state.pt"
+    written = state.stat().st_mtime_ns
+    again = outlets("train", "--config", recipe)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert state.stat().st_mtime_ns == written  # not trained again from step 0 over it
+    assert f"resuming from it (training.resume_from={tmp_path / 'tiny-step2'})" in again.stderr
+    changed = outlets("train", "--config", recipe, "training.batch_size=2")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr[-3000:]
+    err = changed.stderr.strip().splitlines()[-1]
+    assert "was written with batch_size=4 but this run has batch_size=2" in err and "another output_dir" in err

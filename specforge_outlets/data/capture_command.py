@@ -11,17 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections import Counter
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
+from specforge_outlets.atomic import directory_replaced, partial_path
 from specforge_outlets.data.conversations import RowError
 from specforge_outlets.data.features import FEATURE_SUFFIX, save_features
 from specforge_outlets.data.jsonl import BadLine, iter_jsonl
-from specforge_outlets.data.manifest import write_manifest
+from specforge_outlets.data.manifest import LABELS_SUMMARY, write_manifest
 from specforge_outlets.errors import OutletsError
 
 MAX_REPORTED = 50
+TURN_ROLES = ("system", "user", "assistant")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,8 +99,24 @@ def read_rows(path: str) -> List[Dict[str, Any]]:
                 f"{path}:{number} (id {row.get('id', '?')}): no 'conversations' list; capture reads "
                 "regenerated conversations: run `outlets prepare` and `outlets regenerate` on prompts first"
             )
+        problem = _turns_problem(row["conversations"])
+        if problem:
+            raise OutletsError(f"{path}:{number} (id {row.get('id', '?')}): {problem}; fix or remove the row "
+                               "(`outlets prepare` and `outlets regenerate` write conversations capture reads)")
         rows.append(row)
     return rows
+
+
+def _turns_problem(turns: List[Any]) -> Optional[str]:
+    """What makes a conversation unreadable for the chat template, or None: turns must be role/content
+    objects, and the first after an optional system turn is the user's (a prompt precedes every response)."""
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get("role") not in TURN_ROLES or not isinstance(turn.get("content"), str):
+            return f"turn {index} is not a {{'role': {'|'.join(TURN_ROLES)}, 'content': text}} object"
+    spoken = [turn["role"] for turn in turns if turn["role"] != "system"]
+    if spoken and spoken[0] != "user":
+        return f"the conversation starts with an {spoken[0]} turn, before any user turn"
+    return None
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -109,10 +129,13 @@ def _capture(args: argparse.Namespace) -> int:
     from specforge_outlets.data.targets import end_of_turn_token_id, resolve_target
     from specforge_outlets.data.fusion_layers import default_fusion_layers, to_specforge_layer_ids, validate_fusion_layers
 
-    if not args.resume and os.path.isdir(args.output) and any(n.endswith(FEATURE_SUFFIX) for n in os.listdir(args.output)):
-        raise OutletsError(f"--output {args.output} already holds feature files; choose a new directory "
-                           "(or --resume to keep them)")
     shard, shards = _shard(args.shard)
+    if not args.resume and _own_feature_files(args.output, shard, shards):
+        whose = f" of shard {shard}/{shards}" if shards > 1 else ""
+        raise OutletsError(f"--output {args.output} already holds feature files{whose}; choose a new directory "
+                           "(or --resume to keep them)")
+    if args.resume and not os.path.exists(args.output) and os.path.isdir(partial_path(args.output)):
+        os.replace(partial_path(args.output), args.output)  # a new capture that was stopped: resumed in place
     counts: Counter[str] = Counter()
     rows = read_rows(args.input)
     path = resolve_target(args.target)
@@ -130,63 +153,66 @@ def _capture(args: argparse.Namespace) -> int:
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
     limit = min(args.max_length, context) if context else args.max_length
     capture = TargetCapture(model, layers, getattr(torch, args.dtype))
-    os.makedirs(args.output, exist_ok=True)
-    files: List[Dict[str, Any]] = []
-    started = time.time()
-    for index, row in enumerate(tqdm(rows, desc="capture", unit="conv")):
-        if index % shards != shard:
-            continue
-        row_id = row.get("id", f"row-{index}")
-        try:
-            tokens = tokenise_conversation(tokenizer, row["conversations"], end_id)
-        except RowError as exc:
-            _skip(counts, exc.reason, f"row {row_id}: skipped: {exc}")
-            continue
-        if len(tokens.input_ids) > limit:
-            _skip(counts, "too long", f"row {row_id}: skipped: {len(tokens.input_ids)} tokens > limit {limit} (--max-length / context)")
-            continue
-        name = f"data_{index}{FEATURE_SUFFIX}"
-        file_path = os.path.join(args.output, name)
-        features = _resumed(file_path, tokens, row_id) if args.resume and os.path.exists(file_path) else None
-        if features is None:
-            features = capture.features(tokens)
-            save_features(file_path, features)
-        else:
-            counts["resumed"] += 1
-        labelled = int((features["remaining_length"] > 0).sum())
-        counts["written"] += 1
-        counts["labelled_tokens"] += labelled
-        counts["response_spans"] += len(tokens.censored)
-        counts["censored_spans"] += sum(tokens.censored)
-        files.append({"file": name, "id": row_id, "tokens": len(tokens.input_ids), "labelled_tokens": labelled})
-    manifest = {
-        "target": args.target,
-        "target_path": path,
-        "split": args.split or os.path.splitext(os.path.basename(args.input))[0],
-        "input": args.input,
-        "fusion_layers": list(layers),
-        "specforge_layer_ids": to_specforge_layer_ids(layers),
-        "hidden_size": int(config.hidden_size),
-        "num_hidden_layers": num_layers,
-        "vocab_size": int(config.vocab_size),
-        "end_of_turn_token_id": end_id,
-        "max_length": limit,
-        "dtype": args.dtype,
-        "seconds": round(time.time() - started, 1),
-        "conversations": len(rows),
-        "counts": dict(sorted(counts.items())),
-        "files": files,
-    }
-    if shards > 1:
-        print(f"shard {shard}/{shards}: wrote {counts['written']} feature files; run once more with --resume "
-              "and without --shard to check every file and write manifest.json")
+    # A new directory is written beside itself and renamed when complete; resumed and sharded runs add to it.
+    fresh = not args.resume and shards == 1 and not (os.path.isdir(args.output) and os.listdir(args.output))
+    with directory_replaced(args.output) if fresh else nullcontext(args.output) as directory:
+        os.makedirs(directory, exist_ok=True)
+        files: List[Dict[str, Any]] = []
+        started = time.time()
+        for index, row in enumerate(tqdm(rows, desc="capture", unit="conv")):
+            if index % shards != shard:
+                continue
+            row_id = row.get("id", f"row-{index}")
+            try:
+                tokens = tokenise_conversation(tokenizer, row["conversations"], end_id)
+            except RowError as exc:
+                _skip(counts, exc.reason, f"row {row_id}: skipped: {exc}")
+                continue
+            if len(tokens.input_ids) > limit:
+                _skip(counts, "too long", f"row {row_id}: skipped: {len(tokens.input_ids)} tokens > limit {limit} (--max-length / context)")
+                continue
+            name = f"data_{index}{FEATURE_SUFFIX}"
+            file_path = os.path.join(directory, name)
+            features = _resumed(file_path, tokens, row_id) if args.resume and os.path.exists(file_path) else None
+            if features is None:
+                features = capture.features(tokens)
+                save_features(file_path, features)
+            else:
+                counts["resumed"] += 1
+            labelled = int((features["remaining_length"] > 0).sum())
+            counts["written"] += 1
+            counts["labelled_tokens"] += labelled
+            counts["response_spans"] += len(tokens.censored)
+            counts["censored_spans"] += sum(tokens.censored)
+            files.append({"file": name, "id": row_id, "tokens": len(tokens.input_ids), "labelled_tokens": labelled})
+        manifest = {
+            "target": args.target,
+            "target_path": path,
+            "split": args.split or os.path.splitext(os.path.basename(args.input))[0],
+            "input": args.input,
+            "fusion_layers": list(layers),
+            "specforge_layer_ids": to_specforge_layer_ids(layers),
+            "hidden_size": int(config.hidden_size),
+            "num_hidden_layers": num_layers,
+            "vocab_size": int(config.vocab_size),
+            "end_of_turn_token_id": end_id,
+            "max_length": limit,
+            "dtype": args.dtype,
+            "seconds": round(time.time() - started, 1),
+            "conversations": len(rows),
+            "counts": dict(sorted(counts.items())),
+            "files": files,
+        }
+        if shards > 1:
+            print(f"shard {shard}/{shards}: wrote {counts['written']} feature files; run once more with --resume "
+                  "and without --shard to check every file and write manifest.json")
+            return 0
+        write_manifest(directory, manifest)
+        print(
+            f"wrote {counts['written']} feature files ({counts['labelled_tokens']} labelled tokens, "
+            f"{counts['censored_spans']} censored responses), skipped {counts['skipped']} -> {args.output}"
+        )
         return 0
-    write_manifest(args.output, manifest)
-    print(
-        f"wrote {counts['written']} feature files ({counts['labelled_tokens']} labelled tokens, "
-        f"{counts['censored_spans']} censored responses), skipped {counts['skipped']} -> {args.output}"
-    )
-    return 0
 
 
 def _shard(text: Optional[str]) -> Tuple[int, int]:
@@ -199,6 +225,18 @@ def _shard(text: Optional[str]) -> Tuple[int, int]:
     if not 0 <= shard < shards:
         raise OutletsError(f"--shard {text}: K must be in 0..N-1")
     return shard, shards
+
+
+def _own_feature_files(output: str, shard: int, shards: int) -> List[str]:
+    """The feature files in ``output`` this run would write: all of them, or with ``--shard K/N`` those of rows
+    K, K+N, ... (``data_<row>``), so that shards of one directory start independently."""
+    if not os.path.isdir(output):
+        return []
+    names = [name for name in os.listdir(output) if name.endswith(FEATURE_SUFFIX)]
+    if shards == 1:
+        return names
+    return [name for name in names
+            if (match := re.fullmatch(rf"data_(\d+){re.escape(FEATURE_SUFFIX)}", name)) and int(match.group(1)) % shards == shard]
 
 
 def _resumed(path: str, tokens, row_id: str) -> Optional[Dict[str, Any]]:
@@ -266,7 +304,7 @@ def _add_labels(args: argparse.Namespace) -> int:
               "batch of --batch-size)")
     summary = {"input": args.input, "directory": args.add_labels, "files": len(found), "rows_read": read,
                "rows_without_file": without, **dict(sorted(counts.items()))}
-    with open(os.path.join(args.add_labels, "labels_summary.json"), "w", encoding="utf-8") as handle:
+    with open(os.path.join(args.add_labels, LABELS_SUMMARY), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     print(f"labelled {counts['labelled_files']} of {len(found)} files, skipped {counts['skipped']}")
     return 0

@@ -16,6 +16,7 @@ from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.errors import OutletsError
 
 MANIFEST = "manifest.json"
+LABELS_SUMMARY = "labels_summary.json"  # `outlets capture --add-labels` writes it in place of a manifest
 
 
 def manifest_path(directory: str) -> str:

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and os.path.exists(args.output) and os.path.getsize(args.output) > 0:
         raise OutletsError(f"--output {args.output} exists; pass --resume to continue it, or remove it")
     if args.resume:
+        _check_resumed_settings(paths["summary"], {**settings.as_dict(), "max_response_tokens": args.max_response_tokens})
         done = answered_ids(args.output)
     else:
         done = set()
@@ -140,6 +141,27 @@ def run(args: argparse.Namespace) -> int:
         f"turns {counts['turns']} of which censored {counts['censored_turns']} -> {args.output}"
     )
     return 0
+
+
+def _check_resumed_settings(summary_path: str, current: Dict[str, Any]) -> None:
+    """Refuse ``--resume`` with other generation settings than the summary of the run it continues records:
+    the new rows would sit beside rows generated otherwise, under one summary. An interrupted first run
+    has no summary yet; nothing is compared then."""
+    if not os.path.isfile(summary_path):
+        return
+    try:
+        with open(summary_path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutletsError(f"{summary_path}: not readable JSON ({exc}); remove it to resume without the check") from None
+    recorded = {**summary.get("settings", {}), "max_response_tokens": summary.get("max_response_tokens")}
+    differing = [(name, recorded[name], value) for name, value in current.items()
+                 if recorded.get(name) is not None and recorded[name] != value]
+    if differing:
+        was = ", ".join(f"--{name.replace('_', '-')} {old}" for name, old, _ in differing)
+        now = ", ".join(f"--{name.replace('_', '-')} {new}" for name, _, new in differing)
+        raise OutletsError(f"--resume: the rows so far were generated with {was} ({summary_path}), this run asks "
+                           f"for {now}; resume with the same settings, or write the new ones to another --output")
 
 
 class _Recorder:

@@ -1,7 +1,7 @@
 """``outlets eval``: OUTLETS' length predictions against the baselines, drafting quality, overhead.
 
     outlets eval --draft EXPORT [--sd-only-draft EXPORT] [--lp-only-draft EXPORT] --features TEST \
-        --train-features TRAIN --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia,egtp,estp] \
+        [--train-features TRAIN] --target T --output OUT [--baselines constant,probe,bert,lm-classifier,pia,egtp,estp] \
         [--noise-samples A.jsonl B.jsonl ...]
 
 Every predictor is fitted on the train split and scored on the test split (``metrics``). The report
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     parser.add_argument("--sd-only-draft", help="export of a draft trained without the length loss, for drafting quality")
     parser.add_argument("--lp-only-draft", help="export of a draft trained without the drafting loss: the lp-only row")
     parser.add_argument("--features", required=True, help="test split: feature directory from `outlets capture`")
-    parser.add_argument("--train-features", required=True, help="train split the baselines are fitted on")
+    parser.add_argument("--train-features", help="train split the baselines are fitted on (not needed with --baselines none)")
     parser.add_argument("--target", help="target model (directory, hub name or smollm2-135m); default: the test manifest's")
     parser.add_argument("--output", required=True, help="report directory (must not exist unless --overwrite)")
     parser.add_argument("--baselines",
@@ -137,8 +137,12 @@ def runnable_baselines(names: List[str], chosen: bool) -> Tuple[List[str], Dict[
 
 
 def run(args: argparse.Namespace) -> int:
+    wandb_report.check_login(args)
     baselines, skipped = runnable_baselines(parse_baselines(args.baselines or ",".join(BASELINES)),
                                             chosen=args.baselines is not None)
+    if baselines and not args.train_features:
+        raise OutletsError(f"--train-features is needed to fit the baselines ({', '.join(baselines)}): pass the train "
+                           "split's feature directory, or --baselines none to score the drafts alone")
     for name in ("max_new_tokens", "share_threshold"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise OutletsError(f"--{name.replace('_', '-')} must be >= 1 token, got {getattr(args, name)}")
@@ -232,8 +236,8 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     import torch
 
     from specforge_outlets.evaluation import drafting, metrics, overhead, report as reporting
-    from specforge_outlets.evaluation.outlets_predictor import (LP_ONLY, OutletsPredictor, check_features_match_draft,
-                                                                load_draft)
+    from specforge_outlets.evaluation.outlets_predictor import (LP_ONLY, OutletsPredictor, check_export_matches_features,
+                                                                check_features_match_draft, load_draft)
     from specforge_outlets.evaluation.predictor_api import EvalContext, check_predictions
     from specforge_outlets.evaluation.requests import generation_limit, load_split
 
@@ -245,20 +249,26 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
     _check_target(target_path, test)
     if (args.draft or args.lp_only_draft) and target_path is None:
         raise OutletsError("--draft and --lp-only-draft need the target (its token embedding): pass --target")
+    options = (("draft", args.draft), ("sd_only_draft", args.sd_only_draft), ("lp_only_draft", args.lp_only_draft))
+    for option, directory in options:
+        if directory:
+            check_export_matches_features(directory, f"--{option.replace('_', '-')}", test)
     drafts = {option: load_draft(directory, target_path, f"--{option.replace('_', '-')}") if directory else None
-              for option, directory in (("draft", args.draft), ("sd_only_draft", args.sd_only_draft),
-                                        ("lp_only_draft", args.lp_only_draft))}
+              for option, directory in options}
     for option, model in drafts.items():
         if model is not None:
             check_features_match_draft(model, getattr(args, option), test)
     draft, sd_only = drafts["draft"], drafts["sd_only_draft"]
-    train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
-    check_no_shared_prompts(train, test)
+    train = None  # --baselines none: the drafts fit nothing
+    if args.train_features:
+        train = load_split(args.train_features, hidden_size=test.hidden_size, name="train-features")
+        check_no_shared_prompts(train, test)
     calibration = None
     if args.calibration_features:
         calibration = load_split(args.calibration_features, hidden_size=test.hidden_size, name="calibration-features")
         check_no_shared_prompts(calibration, test)
-        check_no_shared_prompts(train, calibration)  # calibrating on training prompts under-corrects
+        if train is not None:
+            check_no_shared_prompts(train, calibration)  # calibrating on training prompts under-corrects
     context = EvalContext(target_path=target_path, max_new_tokens=args.max_new_tokens or generation_limit(test),
                           device=args.device, seed=args.seed, progress=progress,
                           options={"classifier_lm": args.classifier_lm, "censored_training": args.censored_training,
@@ -349,7 +359,7 @@ def evaluate(args: argparse.Namespace, baselines: List[str], out: str,
         "lp_only_draft": recorded_path(args.lp_only_draft),
         "n_requests": len(test),
         "n_censored": len(test.censored),
-        "n_train_requests": len(train),
+        "n_train_requests": len(train) if train is not None else 0,
         "settings": {"buckets": {"short": args.short_max, "long": args.long_min}, "ttt_length": args.ttt_length,
                      "seed": args.seed, "baselines": baselines, "baselines_left_out": skipped or {},
                      "compile": args.compile,

@@ -11,12 +11,14 @@ another name.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import List
 
 import torch
 from tqdm import tqdm
 
+from specforge_outlets.data.manifest import manifest_path
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.evaluation.predictor_api import DYNAMIC_MODEL, Prediction, Predictor
 from specforge_outlets.evaluation.requests import Split
@@ -40,12 +42,41 @@ def draft_target_hidden_size(draft) -> int:
 
 
 def check_features_match_draft(draft, directory: str, split: Split) -> None:
-    expected = draft_target_hidden_size(draft)
+    _check_target_hidden_size(draft_target_hidden_size(draft), directory, split)
+
+
+def _check_target_hidden_size(expected: int, directory: str, split: Split) -> None:
     if split.hidden_size != expected:
         raise OutletsError(
             f"{split.requests[0].file}: hidden size {split.hidden_size} does not match the draft {directory}, "
             f"whose fusion layer reads 3 x {expected} target features; these features were captured from "
             "another target model"
+        )
+
+
+def check_export_matches_features(directory: str, option: str, split: Split) -> None:
+    """Refuse an export whose config.json does not fit itself or the features, before loading it: the draft
+    would otherwise fail on an assertion, or score features captured at other depths as if they were its own."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        return  # load_draft names it
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutletsError(f"{path}: not readable JSON ({exc}); export the checkpoint again with `outlets export`") from None
+    outlets = config.get("outlets_config") or {}  # none: load_draft names the missing length head
+    hidden, widths = config.get("hidden_size"), outlets.get("head_widths")
+    if hidden and widths and widths[0] != hidden:
+        raise OutletsError(f"{path}: outlets_config.head_widths {widths} must start at hidden_size {hidden} (the "
+                           "length head reads the draft state); export the checkpoint again with `outlets export`")
+    _check_target_hidden_size(int(config.get("target_hidden_size") or hidden or split.hidden_size), directory, split)
+    captured, fused = split.manifest.get("fusion_layers"), outlets.get("fusion_layers")
+    if captured and fused and list(captured) != list(fused) and outlets.get("target_features") != "last_layer":
+        raise OutletsError(
+            f"{option} {directory}: the draft fuses target layers {list(fused)} but {manifest_path(split.directory)} "
+            f"says these features were captured at {list(captured)}; capture them again with --fusion-layers "
+            f"{','.join(map(str, fused))}, or pass the draft trained on features captured at {list(captured)}"
         )
 
 

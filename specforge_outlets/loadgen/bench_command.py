@@ -105,6 +105,7 @@ def run(args) -> int:
     from specforge_outlets.simulation.predicted_lengths import read_file_quantiles
 
     _validate(args)
+    wandb_report.check_login(args)
     slo = parse_goodput(args.goodput)  # before any request is sent: a bad target is refused at once
     urls = [url.rstrip("/") for url in args.base_url]
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer and not args.raw_prompts else None

@@ -67,7 +67,11 @@ class OutletsLlamaForCausalLMEagle3(LlamaForCausalLMEagle3):
         if not os.path.isfile(weights):
             raise OutletsError(f"{directory} has no model.safetensors; is it an `outlets export` directory?")
         model = cls(LlamaConfig.from_pretrained(directory)).to(dtype)
-        missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+        except RuntimeError as exc:  # a tensor of another shape than config.json gives it (head widths, sizes)
+            shapes = "; ".join(line.strip() for line in str(exc).splitlines()[1:])
+            raise OutletsError(f"{weights} does not match its config.json: {shapes}; export it again") from None
         if unexpected or [key for key in missing if "embed" not in key]:
             raise OutletsError(f"{weights} does not match its config.json: missing {missing}, unexpected {unexpected}")
         if target_model_path is not None:

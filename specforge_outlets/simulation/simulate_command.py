@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from specforge_outlets import wandb_report
+from specforge_outlets.errors import OutletsError
+
+# A directory holding either is an earlier run's report, which a new run replaces whole.
+REPORT_FILES = ("summary.json", "summary.md")
+
 
 def register(subparsers) -> None:
     from specforge_outlets.scheduling.keys import (
@@ -105,7 +111,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from specforge_outlets.errors import OutletsError
+    from specforge_outlets.atomic import directory_replaced
     from specforge_outlets.evaluation.predictions_file import read_predictions
     from specforge_outlets.scheduling import SchedulingConfig
     from specforge_outlets.serving.summary import summary_rows_table
@@ -117,6 +123,8 @@ def run(args) -> int:
     from specforge_outlets.serving.metrics import parse_goodput
     from specforge_outlets.serving.trace import load_lengths, load_trace, synthetic_poisson
 
+    check_output(args.output)
+    wandb_report.check_login(args)
     cluster = load_cluster_config(args.config)
     if args.poisson_rate is not None:
         if not args.lengths_from:
@@ -184,12 +192,25 @@ def run(args) -> int:
         "slo_s": plan.slo,
         "seed": args.seed,
     }
-    written = write_report(args.output, header, rows)
+    with directory_replaced(args.output) as scratch:  # interrupted: the earlier report stays whole, never mixed
+        written = [os.path.join(args.output, os.path.relpath(path, scratch))
+                   for path in write_report(scratch, header, rows)]
     for path in written:
         print(f"wrote {path}")
     wandb_report.log_run(args, "simulate", args.output, header, {"summary": summary_rows_table(rows)},
                          [path for path in written if path.endswith(".png")])
     return 0
+
+
+def check_output(path: str) -> None:
+    """``--output`` is a directory that the run replaces whole: refuse a file, and a directory of other files."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutletsError(f"--output {path} is a file; simulate writes a directory (summary.json, summary.md, "
+                           "plots): name a new directory")
+    if os.path.isdir(path) and os.listdir(path) and not any(os.path.isfile(os.path.join(path, name))
+                                                            for name in REPORT_FILES):
+        raise OutletsError(f"--output {path} holds other files than an earlier simulate report, and a run replaces "
+                           "its directory whole; name a new or empty directory")
 
 
 def plain_fields(config) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from specforge_outlets.data.manifest import manifest_path, read_manifest
+from specforge_outlets.data.manifest import LABELS_SUMMARY, manifest_path, read_manifest
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.training.recipe import Recipe
 
@@ -25,6 +25,7 @@ def check_recipe(recipe: Recipe, algorithm):
             "set training.strategy: eagle3-outlets (use `specforge train` for other algorithms)"
         )
     _check_device(cfg)
+    _check_tracking(cfg)
     _check_target_weights(cfg)
     draft_config = _resolve_draft_config(cfg, algorithm)
     if cfg.mode == "offline":
@@ -42,6 +43,18 @@ def _check_device(cfg) -> None:
         raise OutletsError(
             f"training.fsdp_sharding={cfg.training.fsdp_sharding} needs an accelerator; on CPU set "
             "training.fsdp_sharding: NO_SHARD (DDP over gloo)"
+        )
+
+
+def _check_tracking(cfg) -> None:
+    """SpecForge's wandb tracker asks for a key only once the models are loaded, on rank 0."""
+    from specforge_outlets.wandb_report import has_login
+
+    tracking = cfg.tracking
+    if tracking.report_to == "wandb" and not (tracking.wandb_offline or tracking.wandb_key or has_login()):
+        raise OutletsError(
+            "tracking.report_to=wandb: wandb is not logged in (no WANDB_API_KEY, no ~/.netrc entry); run "
+            "`wandb login`, or pass tracking.report_to=none (or tracking.wandb_offline=true)"
         )
 
 
@@ -96,6 +109,11 @@ def _check_features(cfg, draft_config) -> None:
         raise OutletsError(f"data.hidden_states_path={path} holds no .ckpt or .ckpt.gz feature files; run `outlets capture`")
     target_hidden = getattr(draft_config, "target_hidden_size", draft_config.hidden_size)
     load_features(files[0], hidden_size=target_hidden)
+    if not os.path.isfile(manifest_path(path)) and not os.path.isfile(os.path.join(path, LABELS_SUMMARY)):
+        raise OutletsError(
+            f"data.hidden_states_path={path} has no manifest.json, which `outlets capture` writes last: the capture "
+            "stopped before it finished; rerun it with --resume (same --input and --output) to finish it"
+        )
     captured = read_manifest(path).get("fusion_layers")
     expected = list(read_outlets_config(draft_config).fusion_layers)
     if captured is not None and list(captured) != expected:

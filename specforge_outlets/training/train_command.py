@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.draft_config import DRAFT_CONFIG_FILE
 
 # Workers re-enter through this CLI. torchrun's --no-python runs the command as given.
@@ -44,13 +45,19 @@ def run(args) -> int:
     from specforge_outlets.training.preflight import check_recipe
     from specforge_outlets.training.recipe import load_recipe
 
-    recipe = load_recipe(args.config, args.overrides)
+    overrides = list(args.overrides)
+    recipe = load_recipe(args.config, overrides)
+    if "LOCAL_RANK" not in os.environ:  # the launching process decides; workers get its overrides
+        resumed = resume_from_output_dir(recipe.config)
+        if resumed:
+            overrides.append(resumed)
+            recipe = load_recipe(args.config, overrides)
     resolved = resolve_run(recipe.config, outlets_registry(recipe.settings, recipe.config.model.torch_dtype))
     plan = build_launch_plan(
         resolved.config,
         algorithm=resolved.algorithm,
         config_path=args.config,
-        overrides=args.overrides,
+        overrides=overrides,
         requested_role=args.role,
         node_rank=args.node_rank,
         worker_prefix=WORKER_PREFIX,
@@ -79,4 +86,51 @@ def run(args) -> int:
             _train(bind_run(role_config, resolved.algorithm))
     except _WorkerTermination as received:
         return 128 + received.signum
+    except ValueError as exc:
+        refusal = trainer_refusal(exc, recipe.config)
+        if refusal is None:
+            raise
+        raise refusal from None
     return 0
+
+
+def resume_from_output_dir(cfg) -> str:
+    """``training.resume_from=<newest checkpoint>`` when ``output_dir`` already holds complete checkpoints of
+    this ``run_id`` and no resume source is given, else "": a rerun continues the run instead of training
+    from step 0 over its checkpoints. A warm start from another draft into such a directory is refused."""
+    from specforge_outlets.training.resumable import complete_checkpoints
+
+    found = complete_checkpoints(cfg.output_dir, cfg.run_id)
+    if not found or cfg.training.resume_from:
+        return ""
+    newest = max(found)
+    if cfg.model.draft_checkpoint_path:
+        raise OutletsError(
+            f"output_dir={cfg.output_dir} already holds run {cfg.run_id!r} up to step {newest}, and "
+            f"model.draft_checkpoint_path={cfg.model.draft_checkpoint_path} would start it again over those "
+            "checkpoints; choose another output_dir or run_id, or drop model.draft_checkpoint_path to resume it"
+        )
+    print(f"outlets train: {cfg.output_dir} holds run {cfg.run_id!r} up to step {newest}: resuming from it "
+          f"(training.resume_from={found[newest]}); choose another output_dir or run_id to start over",
+          file=sys.stderr)
+    return f"training.resume_from={found[newest]}"
+
+
+# SpecForge's refusals of a training plan whose data and batch settings give no whole optimizer step
+SCHEDULE_ERRORS = ("fixed training plan ends with incomplete gradient accumulation", "produces no optimizer step")
+
+
+def trainer_refusal(exc: ValueError, cfg):
+    """SpecForge's refusals raised inside the trainer, once the models are loaded (a schedule with no whole
+    optimizer step, a checkpoint written with other settings than it resumes with), as one line naming
+    the recipe fields to change; None for any other error."""
+    text = str(exc)
+    if any(part in text for part in SCHEDULE_ERRORS):
+        return OutletsError(
+            f"{text} (SpecForge counts whole batches of the feature files in data.hidden_states_path); change "
+            "training.batch_size, training.accumulation_steps or training.num_epochs, or set training.max_steps"
+        )
+    source = cfg.training.resume_from
+    if source and text.startswith(f"checkpoint {source} "):
+        return OutletsError(f"training.resume_from={source}: {text}; or start over in another output_dir or run_id")
+    return None
