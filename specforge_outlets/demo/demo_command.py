@@ -168,8 +168,9 @@ def run(args) -> int:
 def print_summary(dirs, sizes) -> None:
     """The smoke run's evaluation and serving result, then the converged export's, each labelled."""
     report = read_report(os.path.join(dirs["eval"], "report"))
-    print(f"\nSMOKE RUN, this demo's draft ({report.n_train_requests} training requests, {sizes['epochs']} "
-          "epoch(s) on this CPU: the pipeline works end to end; not what the method predicts)")
+    epochs = f"{sizes['epochs']} epoch" + ("s" if sizes["epochs"] != 1 else "")
+    print(f"\nSMOKE RUN, this demo's draft ({report.n_train_requests} training requests, {epochs} on this CPU: "
+          "the pipeline works end to end; not what the method predicts)")
     print(f"length prediction on {report.n_requests} held-out requests (MAE in tokens):")
     print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8} {'Spearman':>9}")
     for name, score in sorted(report.predictors.items(), key=lambda item: item[1].static_mae):
