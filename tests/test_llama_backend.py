@@ -14,8 +14,8 @@ import pytest
 from specforge_outlets.data import regenerate_command
 from specforge_outlets.data.generation import LENGTH, STOP, SamplingSettings, TurnError
 from specforge_outlets.data.llama_backend import (
-    HF_DEFAULT_TOP_K, EngineError, GGUFTarget, LlamaBackend, LlamaServer, check_chat_template, load_gguf_target,
-    request_seed,
+    HF_DEFAULT_TOP_K, EngineError, GGUFTarget, LlamaBackend, LlamaServer, check_chat_template, default_threads,
+    load_gguf_target, request_seed,
 )
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.model.tiny_chat_target import END_ID, make_chat_tokenizer
@@ -196,8 +196,20 @@ def test_real_server_regenerates_with_hf_label_semantics(smollm2, tmp_path):
         i: r["conversations"][1]["token_ids"] for i, r in rows.items()}
 
 
+@pytest.mark.parametrize("cores, threads", [({0}, 1), ({0, 1}, 1), (set(range(8)), 7)])
+def test_the_server_spares_a_core_by_default(monkeypatch, cores, threads):
+    """llama.cpp's threads wait for each other: one per core stalls when another process takes a core."""
+    from specforge_outlets.cli import build_parser
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    assert default_threads() == threads
+    argv = ["regenerate", "--backend", "llama", "--target", "smollm2-135m", "--input", "in", "--output", "out"]
+    assert build_parser().parse_args(argv).threads == threads
+
+
 def test_real_server_that_dies_is_reported_with_its_log(smollm2, tmp_path):
     with LlamaServer(smollm2, slots=1, threads=1, log_path=str(tmp_path / "engine.log")) as server:
+        assert " --poll 0 " in (tmp_path / "engine.log").read_text()  # waiting threads sleep, not spin
         server.process.kill()
         server.process.wait()
         backend = LlamaBackend(server, SETTINGS, timeout=5)

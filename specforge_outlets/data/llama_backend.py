@@ -55,6 +55,14 @@ LOG_TAIL_LINES = 15
 # Seconds one request may take before the server is taken to hang: a 2,048-token answer from one
 # of 16 slots on a shared CPU core took over 10 minutes here.
 REQUEST_TIMEOUT_S = 7200.0
+# Cores the server leaves to other processes unless told otherwise: llama.cpp's threads wait for
+# each other at every step of the model, spinning, so a thread whose core another process takes
+# stalls them all; on two cores one busy process made regeneration over ten times slower
+# (benchmarks/data/llama-busy-core/).
+SPARE_CORES = 1
+# llama-server's --poll: 0, threads sleep while they wait for work instead of spinning (llama.cpp
+# polls at 50 by default), so the server takes no core it is not computing on.
+POLL_LEVEL = 0
 
 
 class EngineError(OutletsError):
@@ -142,6 +150,14 @@ def llama_server_binary() -> str:
     )
 
 
+def default_threads() -> int:
+    """Threads for the server: the cores this process may run on, less ``SPARE_CORES``, at least one.
+
+    A run that keeps a core free keeps its speed when another process takes one.
+    """
+    return max(1, len(os.sched_getaffinity(0)) - SPARE_CORES)
+
+
 class LlamaServer:
     """A ``llama-server`` process of our own: started on a free local port, stopped on exit.
 
@@ -149,8 +165,8 @@ class LlamaServer:
     ``hf`` backend accepts is accepted here too.
     """
 
-    def __init__(self, target: GGUFTarget, slots: int, threads: int, log_path: str) -> None:
-        self.target, self.slots, self.threads, self.log_path = target, slots, threads, log_path
+    def __init__(self, target: GGUFTarget, slots: int, threads: int, log_path: str, poll: int = POLL_LEVEL) -> None:
+        self.target, self.slots, self.threads, self.log_path, self.poll = target, slots, threads, log_path, poll
         self.process: Optional[subprocess.Popen] = None
         self.url = ""
 
@@ -158,7 +174,7 @@ class LlamaServer:
         port = _free_port()
         command = [
             llama_server_binary(), "-m", str(self.target.gguf), "--host", "127.0.0.1", "--port", str(port),
-            "-t", str(self.threads), "-np", str(self.slots), "-c", str(self.slots * self.target.context),
+            "-t", str(self.threads), "--poll", str(self.poll), "-np", str(self.slots), "-c", str(self.slots * self.target.context),
             "--no-kv-unified", "--override-kv", f"tokenizer.ggml.eos_token_id=int:{self.target.end_id}",
             "--cache-ram", "0",  # no host prompt cache (8 GiB by default): prompts here share no prefixes
         ]  # fmt: skip

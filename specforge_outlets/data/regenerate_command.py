@@ -27,7 +27,7 @@ from specforge_outlets.data.generation import (
     regenerate_rows,
 )
 from specforge_outlets.data.jsonl import AppendWriter, BadLine, iter_jsonl, recover_jsonl
-from specforge_outlets.data.llama_backend import REQUEST_TIMEOUT_S
+from specforge_outlets.data.llama_backend import REQUEST_TIMEOUT_S, default_threads
 from specforge_outlets.errors import OutletsError
 
 MAX_REPORTED_ERRORS = 100
@@ -68,7 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--concurrency", type=int, help="requests in flight (openai: default 32; llama: the server's parallel slots, default 8)"
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama: CPU threads of the server")
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="llama: CPU threads of the server (default: one core fewer than this process may use, "
+                             "so that another busy process does not stall it; at least 1)")
     parser.add_argument(
         "--timeout", type=float,
         help="seconds per request (openai: default 600, retried; llama: default 7200, fatal: a 2,048-token answer "

@@ -19,6 +19,7 @@ import time
 import yaml
 
 from specforge_outlets import resources
+from specforge_outlets.demo import converged_result
 from specforge_outlets.demo.stages import Stage, outlets, run_stages, stage_seconds
 from specforge_outlets.evaluation.report_file import read_report
 
@@ -30,6 +31,8 @@ CLUSTER = resources.recipe("cluster-h100-1p3d.yaml")
 FULL = {"prompts": 80, "max_new_tokens": 1024, "epochs": 3, "sd_only": True}
 # Quick: enough new tokens that short built-in answers end (README, "What make demo does").
 QUICK = {"prompts": 30, "max_new_tokens": 160, "epochs": 1, "sd_only": False}
+# The shell's exit status for a run ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED_EXIT = 130
 
 
 def register(subparsers) -> None:
@@ -152,22 +155,50 @@ def run(args) -> int:
     except subprocess.CalledProcessError as failed:
         print(f"demo stopped: `outlets {failed.cmd[3]}` failed (its message is above); finished stages are kept")
         return failed.returncode
-    print_summary(dirs)
+    except KeyboardInterrupt:
+        print("demo interrupted: its running stage was stopped; finished stages are kept (rerun to resume)")
+        return INTERRUPTED_EXIT
+    print_summary(dirs, sizes)
     print(f"\nrun directory: {root}  ({time.time() - started:.0f} s)")
     for name, directory in dirs.items():
         print(f"  {name:<14} {stage_seconds(directory):>7.0f} s  {directory}")
     return 0
 
 
-def print_summary(dirs) -> None:
-    """The evaluation table and the serving result, read back from the reports."""
+def print_summary(dirs, sizes) -> None:
+    """The smoke run's evaluation and serving result, then the converged export's, each labelled."""
     report = read_report(os.path.join(dirs["eval"], "report"))
-    print(f"\nlength prediction on {report.n_requests} held-out requests (MAE in tokens):")
-    print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8}")
+    epochs = f"{sizes['epochs']} epoch" + ("s" if sizes["epochs"] != 1 else "")
+    print(f"\nSMOKE RUN, this demo's draft ({report.n_train_requests} training requests, {epochs} on this CPU: "
+          "the pipeline works end to end; not what the method predicts)")
+    print(f"length prediction on {report.n_requests} held-out requests (MAE in tokens):")
+    print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8} {'Spearman':>9}")
     for name, score in sorted(report.predictors.items(), key=lambda item: item[1].static_mae):
-        dynamic = score.dynamic_mae
-        print(f"  {name:<16} {score.static_mae:>8.1f} {dynamic if dynamic is None else f'{dynamic:8.1f}':>8}")
+        print(f"  {name:<16} {score.static_mae:>8.1f} {_cell(score.dynamic_mae, 1):>8} {_cell(score.spearman, 3):>9}")
     print(f"  full report: {os.path.join(dirs['eval'], 'report', 'report.md')}")
     summary = os.path.join(dirs["simulate"], "report", "summary.md")
     if os.path.isfile(summary):
         print(f"  serving simulation driven by these errors: {summary}")
+    print_converged()
+
+
+def print_converged() -> None:
+    converged = converged_result.rescore()
+    if converged is None:
+        print(f"\nCONVERGED EXPORT: its evaluation record ({converged_result.EVAL_DIR}) is in a checkout of the "
+              "repository only; see docs/results.md")
+        return
+    print(f"\nCONVERGED EXPORT, committed ({converged.draft}: trained to its budget on {converged.n_train_requests} "
+          f"ShareGPT responses; {converged_result.EXPORT_DIR})")
+    print(f"length prediction on {converged.n_requests} finished test requests, rescored now from its committed "
+          "predictions (MAE in tokens):")
+    print(f"  {'predictor':<16} {'static':>8} {'dynamic':>8} {'Spearman':>9}")
+    for name, score in converged.scores.items():
+        dynamic = score["dynamic_mae"] if score["dynamic_source"] == "model" else None  # countdowns: not the eval's
+        print(f"  {name:<16} {score['static_mae']:>8.1f} {_cell(dynamic, 1):>8} {_cell(score['spearman'], 3):>9}")
+    print(f"  record: {os.path.join(converged_result.EVAL_DIR, converged_result.RECORD)}; "
+          f"predicted by `{converged_result.REPRODUCE}` (docs/results.md)")
+
+
+def _cell(value, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"

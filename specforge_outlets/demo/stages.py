@@ -17,7 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence
 
+from specforge_outlets.training.resumable import supervise
+
 DONE = ".done"
+# Seconds between checks of a running stage command (the demo waits; a signal interrupts the wait at once).
+CHILD_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,15 @@ def written(path: str) -> bool:
 
 
 def outlets(*args: str) -> None:
-    """Run one ``outlets`` sub-command in its own process (training initialises torch.distributed)."""
-    subprocess.run([sys.executable, "-m", "specforge_outlets.cli", *map(str, args)], check=True)
+    """Run one ``outlets`` sub-command in its own process (training initialises torch.distributed).
+
+    Supervised: SIGTERM or Ctrl-C to the demo ends the command (which stops the servers it started)
+    and waits for it before the demo exits, so nothing is left running.
+    """
+    argv = [sys.executable, "-m", "specforge_outlets.cli", *map(str, args)]
+    returncode = supervise(argv, os.environ, CHILD_POLL_S, lambda: False)
+    if returncode != 0:
+        raise subprocess.CalledProcessError(returncode, argv)
 
 
 def stage_seconds(directory: str) -> float:

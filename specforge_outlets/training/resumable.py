@@ -53,9 +53,10 @@ def prune_checkpoints(output_dir: str, run_id: str, keep: Iterable[int]) -> List
 def supervise(argv: List[str], env: Mapping[str, str], poll_s: float, should_stop: Callable[[], bool]) -> int:
     """Run the trainer ``argv``, calling ``should_stop`` every ``poll_s`` seconds; its exit code, or 0 once stopped.
 
-    Whatever ends the supervisor (``should_stop``, an exception, SIGTERM) ends the trainer with it and
-    waits for it: Python's default SIGTERM skips ``finally``, and an orphaned trainer would go on
-    writing checkpoints beside the one a restart starts.
+    Whatever ends the supervisor (``should_stop``, an exception, SIGTERM, Ctrl-C) ends the trainer with it
+    and waits for it: Python's default SIGTERM skips ``finally``, and an orphaned trainer would go on
+    writing checkpoints beside the one a restart starts. ``outlets demo`` runs its stages' commands
+    through it for the same reason (a stage's own servers stop with the stage).
     """
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     process = subprocess.Popen(argv, env=dict(env))
