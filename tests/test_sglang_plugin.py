@@ -108,6 +108,51 @@ def test_cli_accepts_outlets_and_carries_settings_to_spawned_processes(plugins_l
     assert current.order is QueuePolicy.SJF
 
 
+@pytest.mark.parametrize("flags, unread", [
+    (["--outlets-order", "sjf", "--outlets-kv-admission", "predicted"],
+     ["--outlets-order (OUTLETS_ORDER) is read by --schedule-policy outlets",
+      "--outlets-kv-admission (OUTLETS_KV_ADMISSION) is read by --schedule-policy outlets"]),
+    (["--schedule-policy", "fcfs", "--outlets-prior-output-len", "100"],
+     ["--outlets-prior-output-len (OUTLETS_PRIOR_OUTPUT_LEN) is read by --load-balance-method outlets or "
+      "--schedule-policy outlets"]),
+    (["--load-balance-method", "outlets", "--outlets-long-holdback", "0"],  # the router reads no queue order
+     ["--outlets-long-holdback (OUTLETS_LONG_HOLDBACK) is read by --schedule-policy outlets"]),
+])
+def test_outlets_flags_no_asked_feature_reads_refuse_to_start(plugins_loaded, tmp_path, capsys, flags, unread):
+    """Today's silent case: the flags parse, and SGLang runs its own policy (FCFS) with no word."""
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), *flags])
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error, error
+    assert "; ".join(unread) + ", but this server runs " in error, error
+    assert "add the feature named (e.g. --schedule-policy outlets), or leave the flag out" in error, error
+
+
+def test_an_exported_outlets_variable_without_the_policy_refuses_to_start(plugins_loaded, tmp_path, capsys,
+                                                                          monkeypatch):
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv(ENV_ORDER, "sjf")  # left in the shell from an outlets server
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "lpm"])
+    assert ("error: --outlets-order (OUTLETS_ORDER) is read by --schedule-policy outlets, but this server runs no "
+            "OUTLETS feature (stock SGLang), which would ignore it silently") in capsys.readouterr().err
+    # accepted with the feature that reads it
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets"])
+    monkeypatch.delenv(ENV_ORDER)
+    prepare_server_args(["--model-path", str(tmp_path), "--load-balance-method", "outlets",
+                         "--outlets-prior-output-len", "100", "--outlets-quantile-levels", "0.1,0.5,0.9"])
+
+
+def test_every_setting_but_the_draft_path_names_the_features_that_read_it():
+    from sglang_patches.settings import FLAGS
+    from sglang_patches.setting_readers import READERS
+
+    assert set(READERS) == {variable for _, _, variable, _, _ in FLAGS} - {ENV_DRAFT}
+
+
 def test_cli_still_rejects_unknown_policies(plugins_loaded, tmp_path, capsys):
     from sglang.srt.server_args import prepare_server_args
 
