@@ -47,7 +47,7 @@ def test_every_hook_is_applied(plugins_loaded):
     from sglang_patches import registry
 
     exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
-    assert len(exported) == len(set(exported)) == 26
+    assert len(exported) == len(set(exported)) == 27
     assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.sglang_harness.server import completion_order, start_server  # noqa: E402
+from tests.sglang_harness.server import HARNESS_CONTEXT_LEN, completion_order, start_server  # noqa: E402
 
 PRIOR = 256.0
 PROMPT = "hello world the quick brown fox"
@@ -82,6 +82,22 @@ class TestOutletsPolicy:
             message = error.value.read().decode()
             assert error.value.code == 400 and f"request bad-{index}: outlets_predicted_output_len" in message, message
             assert "is not a positive number of tokens" in message
+        for index, huge in enumerate((1e12, HARNESS_CONTEXT_LEN + 1)):  # accepted, and poisoning the metrics, once
+            body = {"text": PROMPT, "rid": f"huge-{index}",
+                    "sampling_params": {"max_new_tokens": 2, "custom_params": {"outlets_predicted_output_len": huge}}}
+            with pytest.raises(urllib.error.HTTPError) as error:
+                server.post("/generate", body)
+            message = error.value.read().decode()
+            assert error.value.code == 400 and (
+                f"request huge-{index}: outlets_predicted_output_len = {huge!r} is above the model's context length "
+                f"({HARNESS_CONTEXT_LEN} tokens)") in message, message
+        with pytest.raises(urllib.error.HTTPError) as error:  # a misspelt key, ignored once: the request ran on the prior
+            server.post("/generate", {"text": PROMPT, "rid": "typo", "sampling_params": {
+                "max_new_tokens": 2, "custom_params": {"outlets_predicted_len": 7}}})
+        message = error.value.read().decode()
+        assert error.value.code == 400 and ("request typo: unknown OUTLETS parameter "
+                                            "custom_params['outlets_predicted_len']; the plugin reads "
+                                            "outlets_predicted_output_len") in message, message
         stream = server.stream({"text": PROMPT, "rid": "bad-stream", "custom_labels": {"outlets_predicted_output_len": "-1"},
                                 "sampling_params": {"max_new_tokens": 2}})
         assert "request bad-stream: " in stream[-1]["error"]["message"], stream
