@@ -341,6 +341,31 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
     assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None
 
 
+def test_a_request_scheduled_on_the_prior_is_counted_once(plugins_loaded, monkeypatch):
+    """outlets_requests_on_prior_total: a request without a prediction where no predictor will make one, once
+    (not again when it is retracted and queued again); not one with its own prediction, nor one a PD decode
+    instance waits for the prefill's prediction for (pd_transfer counts a transfer without one)."""
+    counted = []
+    monkeypatch.setattr(state.metrics(), "served_on_prior", lambda: counted.append(1))
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    monkeypatch.setattr(state.PLUGIN, "speculative_predictions", False)
+    colocated, decode = SimpleNamespace(disaggregation_mode=None), SimpleNamespace(disaggregation_mode="decode")
+
+    def arriving(custom=None):
+        req = request("r", custom=custom)
+        P.record(req).arrival = None  # not queued yet
+        return req
+
+    unpredicted = arriving()
+    ordering.add_request_to_queue_before(colocated, unpredicted)
+    ordering.add_request_to_queue_before(colocated, unpredicted)  # retracted, queued again
+    ordering.add_request_to_queue_before(colocated, arriving({"outlets_predicted_output_len": 12}))
+    ordering.add_request_to_queue_before(decode, arriving())
+    assert len(counted) == 1
+    P.fall_back_to_prior(arriving(), read_settings().scheduling, "a failed prediction")
+    assert len(counted) == 2
+
+
 # --- retraction, meta_info, load snapshots, routing ----------------------------------------------------
 
 

@@ -116,12 +116,18 @@ class TestOutletsPolicy:
         assert "Failed to apply hooks" not in log and "Failed to execute general plugin" not in log
 
     def test_prometheus_metrics(self, server):
-        server.generate(PROMPT, max_new_tokens=3, predicted_output_len=10)  # abs error 7
+        server.generate(PROMPT, max_new_tokens=3, predicted_output_len=10)  # abs error 7, signed error 3 - 10 = -7
+        server.generate(PROMPT, max_new_tokens=2)  # no prediction, no predictor: scheduled on the prior
         burst(server)  # reorders the waiting queue
         text = server.get("/metrics")
-        assert re.search(r"^outlets_prediction_abs_error_tokens_count\S* [1-9]", text, re.M), text[-2000:]
-        assert re.search(r"^outlets_queue_order_changes_total\S* [1-9]", text, re.M), [
-            line for line in text.splitlines() if "outlets" in line]
+        outlets_lines = [line for line in text.splitlines() if "outlets" in line]
+        for metric in (r"outlets_prediction_abs_error_tokens_count\S*", r"outlets_queue_order_changes_total\S*",
+                       r'outlets_prediction_error_tokens_bucket\{[^}]*le="-5\.0"[^}]*\}',  # the -7
+                       r"outlets_predicted_output_len_tokens_count\S*", r"outlets_requests_on_prior_total\S*"):
+            assert re.search(f"^{metric} [1-9]", text, re.M), (metric, outlets_lines)
+        # signed: this class's requests end long before their predictions (the burst's 100-900 after 2 tokens)
+        assert float(re.search(r"^outlets_prediction_error_tokens_sum\S* (\S+)$", text, re.M).group(1)) < 0, (
+            outlets_lines)
 
     def test_greedy_tokens_and_the_prediction_come_back(self, server):
         response = server.generate(PROMPT, max_new_tokens=6, predicted_output_len=3)
