@@ -6,8 +6,6 @@ tests/test_sglang_server.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
@@ -16,22 +14,7 @@ from sglang_patches import client_predictions, state  # noqa: E402
 from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY  # noqa: E402
 from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM  # noqa: E402
 from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
-
-
-CONTEXT_LEN = 512  # the tokenizer manager's context_len in these tests
-
-
-def generate_input(sampling_params, labels, text="hello", rid=None):
-    """A ``GenerateReqInput`` as SGLang's HTTP server builds it, normalised through the applied hook, each of its
-    requests then validated as ``TokenizerManager._validate_one_request`` does after SGLang's own checks."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    obj = GenerateReqInput(text=text, sampling_params=sampling_params, custom_labels=labels, rid=rid)
-    obj.normalize_batch_and_arguments()
-    tokenizer_manager = SimpleNamespace(context_len=CONTEXT_LEN)
-    for item in [obj] if obj.is_single else [obj[index] for index in range(obj.batch_size)]:
-        client_predictions.validate_one_request_after(None, tokenizer_manager, item, [])
-    return obj
+from tests.sglang_harness.request_input import CONTEXT_LEN, generate_input  # noqa: E402
 
 
 def prediction_of(sampling_params: dict):
