@@ -25,6 +25,7 @@ from sglang_patches.settings import (
     ENV_KV_MARGIN,
     ENV_KV_QUANTILE,
     ENV_LONG_CLASS_QUANTILE,
+    ENV_LONG_CLASS_SHARE,
     ENV_LONG_HOLDBACK,
     ENV_LONG_OUTPUT_LEN,
     ENV_MAX_RETRACTIONS,
@@ -32,6 +33,7 @@ from sglang_patches.settings import (
     ENV_ORDER_KEY,
     ENV_PRIOR,
     ENV_QUANTILE_LEVELS,
+    ENV_RANK_WINDOW,
     FLAGS,
     OutletsSettingsError,
 )
@@ -57,6 +59,8 @@ READERS: Dict[str, FrozenSet[str]] = {
     ENV_ORDER_KEY: POLICY_ONLY,
     ENV_LONG_CLASS_QUANTILE: POLICY_ONLY,
     ENV_KV_QUANTILE: POLICY_ONLY,
+    ENV_LONG_CLASS_SHARE: POLICY_ONLY,
+    ENV_RANK_WINDOW: POLICY_ONLY,
     ENV_QUANTILE_LEVELS: QUANTILE_READERS,
 }
 
