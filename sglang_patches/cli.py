@@ -1,7 +1,8 @@
 """Command line: ``outlets`` as a --schedule-policy and --load-balance-method choice, our flags, refusals at parse time.
 
-Runs in the launcher. Bad settings, a draft that does not fit the target, and a feature whose
-hooks did not apply on this SGLang are refused here, before any process starts.
+Runs in the launcher. Bad settings, settings no asked-for feature reads (``setting_readers``), a draft
+that does not fit the target, and a feature whose hooks did not apply on this SGLang are refused here,
+before any process starts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import sys
 
 from sglang_patches import state
+from sglang_patches.setting_readers import refuse_unread_settings
 from sglang_patches.settings import (
     ENV_QUANTILE_LEVELS,
     FLAGS,
@@ -56,6 +58,7 @@ def from_cli_args_after(server_args, cls, args: argparse.Namespace):
         current = state.settings()
         asked = state.features_asked(getattr(args, "schedule_policy", None), getattr(args, "load_balance_method", None),
                                      current.draft_path, speculative)
+        refuse_unread_settings(os.environ, asked)
         if asked:
             state.check_hooks(asked)
         if current.draft_path is not None:

@@ -15,11 +15,16 @@ tokenizer process dies). The move happens in any server the plugin is installed 
 policy: a baseline server behind the same router must end requests where the benchmark says too.
 A value already in ``custom_params`` wins.
 
-Under an OUTLETS policy a prediction that is not a positive number of tokens is refused with the
-request's id (HTTP 400, or an error event on a stream), wherever it came from: a bad value is a
-client bug that would otherwise hide behind the prior. So are quantiles (``outlets_predicted_quantiles``:
-a list, or in ``custom_labels`` a string "q1,q2,...") that are not one positive token count per
-quantile level of the server, non-decreasing.
+Under an OUTLETS policy a prediction that is not a positive number of tokens, or is above the model's
+context length (1e12: the longest output possible is the context), is refused with the request's id
+(HTTP 400, or an error event on a stream), wherever it came from: a bad value is a client bug that
+would otherwise hide behind the prior or poison the order, the KV admission and the error metrics.
+So are quantiles (``outlets_predicted_quantiles``: a list, or in ``custom_labels`` a string
+"q1,q2,...") that are not one positive token count per quantile level of the server, non-decreasing,
+within the context length, and an ``outlets_*`` key the plugin does not read (a misspelling, which
+would otherwise be ignored). The check runs where SGLang checks a request against the context length
+(``TokenizerManager._validate_one_request``, once per request of a batch), whose ValueError SGLang's
+HTTP server answers with 400.
 
 ``/v1/completions`` keeps a top-level ``custom_params`` through the router and needs none of this.
 """
@@ -38,6 +43,8 @@ from specforge_outlets.scheduling import PredictionSource, SchedulingConfig, req
 # (the prediction and its quantiles stay as sent: they are parsed, and refused if bad, where every prediction is)
 LABEL_PARAMS: Dict[str, Callable[[str], Any]] = {CUSTOM_PARAM_KEY: str, QUANTILES_PARAM_KEY: str,
                                                  OUTPUT_LEN_PARAM: int, STOP_TOKEN_PARAM: int}
+# A custom_params or custom_labels key with this prefix is the plugin's: one not in LABEL_PARAMS is refused (a typo)
+REQUEST_KEY_PREFIX = "outlets_"
 
 
 def _with_params(sampling_params, moved: Dict[str, Any]):
@@ -70,35 +77,49 @@ def move_labels_to_custom_params(obj) -> None:
         obj.sampling_params = _with_params(sampling, moved)
 
 
-def refuse_bad_prediction(obj) -> None:
-    """ValueError naming the request when a normalised ``GenerateReqInput`` carries an unusable prediction
-    or unusable quantiles."""
-    items = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params]
-    rids = obj.rid if isinstance(obj.rid, list) else [obj.rid] * len(items)
-    levels = None
-    for rid, sampling in zip(rids, items):
-        custom = sampling.get("custom_params") if isinstance(sampling, dict) else None
-        if not isinstance(custom, dict):
-            continue
-        if custom.get(QUANTILES_PARAM_KEY) is not None:
-            levels = levels or state.settings().scheduling.quantile_levels
-            try:
-                parse_quantiles(custom[QUANTILES_PARAM_KEY], levels)
-            except ValueError as error:
-                raise ValueError(f"request {rid}: {QUANTILES_PARAM_KEY} = {custom[QUANTILES_PARAM_KEY]!r} is not usable "
-                                 f"({error}); send one predicted total output length per quantile level "
-                                 f"({','.join(f'{level:g}' for level in levels)}), non-decreasing, or leave it "
-                                 "out") from None
-        if CUSTOM_PARAM_KEY not in custom:
-            continue
-        value = custom[CUSTOM_PARAM_KEY]
+def refuse_bad_request(obj, context_len: int) -> None:
+    """ValueError (HTTP 400, or an error event on a stream) naming the request when one request of a
+    ``GenerateReqInput`` (SGLang validates each, ``TokenizerManager._validate_one_request``) carries an
+    ``outlets_*`` key the plugin does not read (a misspelling would otherwise be ignored), a prediction that is not a
+    positive number of tokens within the model's context length, or unusable quantiles: each would otherwise hide
+    behind the prior or poison the scheduling and the error metrics."""
+    sampling = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
+    custom = sampling.get("custom_params")
+    custom = custom if isinstance(custom, dict) else {}
+    labels = obj.custom_labels if isinstance(obj.custom_labels, dict) else {}
+    for field, keys in (("custom_params", custom), ("custom_labels", labels)):
+        unknown = sorted(key for key in keys if isinstance(key, str) and key.startswith(REQUEST_KEY_PREFIX)
+                         and key not in LABEL_PARAMS)
+        if unknown:
+            raise ValueError(f"request {obj.rid}: unknown OUTLETS parameter "
+                             f"{', '.join(f'{field}[{key!r}]' for key in unknown)}; the plugin reads "
+                             f"{', '.join(LABEL_PARAMS)}")
+    if custom.get(QUANTILES_PARAM_KEY) is not None:
+        levels = state.settings().scheduling.quantile_levels
         try:
-            usable = parse_prediction(value) > 0
-        except (TypeError, ValueError):
-            usable = False
-        if not usable:
-            raise ValueError(f"request {rid}: {CUSTOM_PARAM_KEY} = {value!r} is not a positive number of tokens; "
-                             "send the predicted output length (> 0), or leave it out for the server's predictor")
+            quantiles = parse_quantiles(custom[QUANTILES_PARAM_KEY], levels)
+            if quantiles[-1] > context_len:
+                raise ValueError(f"{quantiles[-1]:g} tokens is above the model's context length "
+                                 f"({context_len} tokens)")
+        except ValueError as error:
+            raise ValueError(f"request {obj.rid}: {QUANTILES_PARAM_KEY} = {custom[QUANTILES_PARAM_KEY]!r} is not usable "
+                             f"({error}); send one predicted total output length per quantile level "
+                             f"({','.join(f'{level:g}' for level in levels)}), non-decreasing, at most {context_len}, "
+                             "or leave it out") from None
+    if CUSTOM_PARAM_KEY not in custom:
+        return
+    value = custom[CUSTOM_PARAM_KEY]
+    try:
+        predicted = parse_prediction(value)
+    except (TypeError, ValueError):
+        predicted = 0.0
+    if not predicted > 0:
+        raise ValueError(f"request {obj.rid}: {CUSTOM_PARAM_KEY} = {value!r} is not a positive number of tokens; "
+                         "send the predicted output length (> 0), or leave it out for the server's predictor")
+    if predicted > context_len:
+        raise ValueError(f"request {obj.rid}: {CUSTOM_PARAM_KEY} = {value!r} is above the model's context length "
+                         f"({context_len} tokens), the longest output possible; send the predicted output length "
+                         f"(> 0, at most {context_len}), or leave it out for the server's predictor")
 
 
 def external_prediction(sampling_params) -> Optional[float]:
@@ -149,18 +170,24 @@ def assign_external_prediction(req, config: SchedulingConfig) -> bool:
     return True
 
 
-def normalize_around(original, self, *args, **kwargs):
-    """Labels into custom_params before SGLang normalises the request; the prediction checked after (rids known)."""
+def normalize_before(self, *args, **kwargs):
+    """Labels into custom_params before SGLang normalises the request (and copies them to a batch's items)."""
     move_labels_to_custom_params(self)
-    result = original(self, *args, **kwargs)
-    if state.plugin_active():
-        refuse_bad_prediction(self)
+
+
+def validate_one_request_after(result, self, obj, *args, **kwargs):
+    """The client's OUTLETS parameters checked where SGLang checks a request against the context length."""
+    if state.plugin_active() and isinstance(getattr(obj, "sampling_params", None), dict):
+        refuse_bad_request(obj, int(self.context_len))
     return result
 
 
 _GENERATE_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
+_TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 
 HOOK_TARGETS = [
-    (f"{_GENERATE_INPUT}.normalize_batch_and_arguments", normalize_around, "AROUND",
+    (f"{_GENERATE_INPUT}.normalize_batch_and_arguments", normalize_before, "BEFORE",
+     {state.ORDERING, state.ROUTING, state.PREDICTOR}),
+    (f"{_TOKENIZER}._validate_one_request", validate_one_request_after, "AFTER",
      {state.ORDERING, state.ROUTING, state.PREDICTOR}),
 ]

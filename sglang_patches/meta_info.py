@@ -1,6 +1,7 @@
 """The prediction in each response's ``meta_info`` (``predicted_output_len``, and in EAGLE-3 mode the latest
 remaining estimate), its quantiles when it has them (``predicted_output_quantiles``, and in EAGLE-3 mode
-``predicted_remaining_quantiles``), and the prediction's error when a request finishes.
+``predicted_remaining_quantiles``), and the prediction and its error when a request finishes (the Prometheus
+histograms, ``state._Metrics``).
 
 Runs in the tokenizer process: the scheduler carries each value in the request's ``customized_info``,
 which SGLang accumulates over the output chunks; this turns each into its latest scalar.
@@ -8,7 +9,8 @@ which SGLang accumulates over the output chunks; this turns each into its latest
 
 from __future__ import annotations
 
-from sglang_patches.state import ORDERING, PREDICTOR, SPECULATIVE, metrics  # by name: the hook's `state` is SGLang's
+# by name: the hook's `state` argument is SGLang's
+from sglang_patches.state import ORDERING, PREDICTOR, SPECULATIVE, disaggregation_mode, metrics
 from sglang_patches.settings import (
     META_INFO_KEY,
     QUANTILES_META_KEY,
@@ -39,11 +41,16 @@ def update_meta_info_after(result, self, meta_info, state, customized_info, inde
         _latest(meta_info, key)
     for key in (QUANTILES_META_KEY, REMAINING_QUANTILES_META_KEY):
         _latest(meta_info, key, vector=True)
-    if finish_reason is not None and META_INFO_KEY in meta_info:
+    if finish_reason is not None and META_INFO_KEY in meta_info and not _is_prefill_instance(self):
         completion = meta_info.get("completion_tokens")
         if isinstance(completion, int):
-            metrics().prediction_error(abs(float(meta_info[META_INFO_KEY]) - completion))
+            metrics().finished(float(meta_info[META_INFO_KEY]), completion)
     return result
+
+
+def _is_prefill_instance(tokenizer_manager) -> bool:
+    """A PD prefill instance finishes each request after its first token; the decode instance reports the request."""
+    return disaggregation_mode(tokenizer_manager) == "prefill"
 
 
 HOOK_TARGETS = [

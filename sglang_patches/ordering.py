@@ -62,11 +62,21 @@ def _order_keys(config) -> CachedOrderKeys:
 
 def add_request_to_queue_before(self, req, *args, **kwargs):
     if state.plugin_active():
+        first_time_queued = P.record(req).arrival is None  # not a retracted request coming back
         P.stamp_arrival(req)
         # Without an external prediction, predictor-only mode predicts at prefill; until then (and
         # without a predictor) the key uses the prior.
-        assign_external_prediction(req, state.settings().scheduling)
+        assigned = assign_external_prediction(req, state.settings().scheduling)
+        if first_time_queued and not assigned and not _predicted_later(self):
+            state.metrics().served_on_prior()
     return None
+
+
+def _predicted_later(scheduler) -> bool:
+    """Whether a request that came without a prediction gets one after it is queued: from this process's predictor
+    at prefill, or on a PD decode instance from the prefill (``pd_transfer`` counts a transfer without one)."""
+    return (state.disaggregation_mode(scheduler) == "decode" or state.settings().draft_path is not None
+            or state.PLUGIN.speculative_predictions)
 
 
 def retraction_order_around(original, reqs):

@@ -106,6 +106,7 @@ def receive_prediction(req, value: float, config, quantiles=None) -> None:
         return
     # Unpredicted, as a request without a prediction on a single server: every reader uses the prior.
     state.metrics().transfer_without_prediction()
+    state.metrics().served_on_prior()
     if state.first_time("a transfer without a prediction"):  # the first is logged, the rest only counted
         logger.warning("OUTLETS: request %s arrived from the prefill instance without a prediction (a prefill without "
                        "--outlets-draft-path, or its predictor failed): scheduled on the prior; such requests are "

@@ -129,6 +129,7 @@ def _store(req, made: LengthPrediction) -> None:
 
 def fall_back_to_prior(req, config: SchedulingConfig, reason: str) -> None:
     state.PLUGIN.fallbacks.record(getattr(req, "rid", "?"), reason)
+    state.metrics().served_on_prior()
     set_predicted_output_len(req, config.prior_output_len, PredictionSource.PRIOR)
 
 

@@ -64,6 +64,12 @@ def load_balance_is_outlets() -> bool:
         return False
 
 
+def disaggregation_mode(owner) -> str:
+    """The PD role of a scheduler or tokenizer manager (its ``disaggregation_mode``): "null", "prefill" or "decode"."""
+    mode = getattr(owner, "disaggregation_mode", None)
+    return str(getattr(mode, "value", mode))
+
+
 def plugin_active() -> bool:
     return schedule_policy_is_outlets() or load_balance_is_outlets() or settings().draft_path is not None
 
@@ -146,54 +152,90 @@ def features_asked(schedule_policy, load_balance_method, draft_path, speculative
 # Metrics and the start-up log line
 # --------------------------------------------------------------------------------------------
 
+# Buckets of the absolute- and signed-error histograms (tokens; the signed one mirrored below 0)
+ERROR_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+SIGNED_ERROR_BUCKETS = tuple(-bound for bound in reversed(ERROR_BUCKETS)) + (0,) + ERROR_BUCKETS
+# Buckets of the predicted-length histogram (tokens): 1 to 32k, each about twice the last
+LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+
+
 class _Metrics:
-    """Prometheus metrics, created only when SGLang runs with --enable-metrics."""
+    """Prometheus metrics, created on first use only when SGLang runs with --enable-metrics (a no-op otherwise).
+
+    SGLang runs prometheus_client in multiprocess mode, so a metric observed in the scheduler process (the order
+    changes, the requests on the prior) and one observed in the tokenizer process (the finished requests') are both
+    on the server's ``/metrics``."""
 
     def __init__(self) -> None:
-        self._ready = False
-        self._error = self._changes = self._unpredicted_transfers = None
+        self._made: Optional[Dict[str, Any]] = None  # name -> metric, once made ({} without --enable-metrics)
 
-    def _init(self) -> None:
-        self._ready = True
+    def _metric(self, name: str):
+        if self._made is None:
+            self._made = self._make()
+        return self._made.get(name)
+
+    @staticmethod
+    def _make() -> Dict[str, Any]:
         try:
             from sglang.srt.runtime_context import get_observability
 
             if not get_observability().enable_metrics:
-                return
+                return {}
             from prometheus_client import Counter, Histogram
 
-            self._error = Histogram(
-                "outlets_prediction_abs_error_tokens",
-                "Absolute error of the predicted output length when a request finishes (tokens)",
-                buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
-            )
-            self._changes = Counter(
-                "outlets_queue_order_changes", "Scheduling rounds in which the outlets policy reordered the waiting queue"
-            )
-            self._unpredicted_transfers = Counter(
-                "outlets_transfers_without_prediction",
-                "Requests a PD decode instance received with no prediction from the prefill or the request (prior used)",
-            )
+            return {
+                "abs_error": Histogram(
+                    "outlets_prediction_abs_error_tokens",
+                    "Absolute error of the predicted output length when a request finishes (tokens)",
+                    buckets=ERROR_BUCKETS),
+                "signed_error": Histogram(
+                    "outlets_prediction_error_tokens",
+                    "Completion tokens minus the predicted output length when a request finishes (tokens; > 0: "
+                    "under-predicted)", buckets=SIGNED_ERROR_BUCKETS),
+                "predicted": Histogram(
+                    "outlets_predicted_output_len_tokens",
+                    "Predicted output length (meta_info.predicted_output_len) of each finished request (tokens)",
+                    buckets=LENGTH_BUCKETS),
+                "order_changes": Counter(
+                    "outlets_queue_order_changes",
+                    "Scheduling rounds in which the outlets policy reordered the waiting queue"),
+                "unpredicted_transfers": Counter(
+                    "outlets_transfers_without_prediction",
+                    "Requests a PD decode instance received with no prediction from the prefill or the request "
+                    "(prior used)"),
+                "on_prior": Counter(
+                    "outlets_requests_on_prior",
+                    "Requests this instance scheduled on the prior (--outlets-prior-output-len): no prediction of "
+                    "their own and no predictor, a failed prediction, or a PD transfer without one"),
+            }
         except Exception as error:  # metrics are best effort, never fatal
             logger.warning("OUTLETS metrics unavailable: %s", error)
+            return {}
 
-    def prediction_error(self, value: float) -> None:
-        if not self._ready:
-            self._init()
-        if self._error is not None:
-            self._error.observe(value)
+    def _observe(self, name: str, value: float) -> None:
+        metric = self._metric(name)
+        if metric is not None:
+            metric.observe(value)
+
+    def _count(self, name: str) -> None:
+        metric = self._metric(name)
+        if metric is not None:
+            metric.inc()
+
+    def finished(self, predicted: float, completion: int) -> None:
+        """A request with a prediction finished after ``completion`` output tokens."""
+        self._observe("abs_error", abs(predicted - completion))
+        self._observe("signed_error", completion - predicted)
+        self._observe("predicted", predicted)
 
     def order_changes(self) -> None:
-        if not self._ready:
-            self._init()
-        if self._changes is not None:
-            self._changes.inc()
+        self._count("order_changes")
 
     def transfer_without_prediction(self) -> None:
-        if not self._ready:
-            self._init()
-        if self._unpredicted_transfers is not None:
-            self._unpredicted_transfers.inc()
+        self._count("unpredicted_transfers")
+
+    def served_on_prior(self) -> None:
+        self._count("on_prior")
 
 
 class FallbackCounter:

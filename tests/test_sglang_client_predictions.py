@@ -1,6 +1,7 @@
 """A client's per-request settings in ``custom_labels`` (sglang_patches/client_predictions.py) on SGLang 0.5.23's
 own request objects, in-process: the field sglang-router keeps on ``/generate`` reaches ``custom_params``, and a
-prediction that is not a positive number is refused naming the request. On a real server:
+prediction that is not a positive number within the context length, or an ``outlets_*`` key the plugin does not read,
+is refused naming the request. On a real server:
 tests/test_sglang_server.py."""
 
 from __future__ import annotations
@@ -10,18 +11,10 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from sglang_patches import client_predictions, state  # noqa: E402
-from sglang_patches.settings import CUSTOM_PARAM_KEY  # noqa: E402
+from sglang_patches.settings import CUSTOM_PARAM_KEY, QUANTILES_PARAM_KEY  # noqa: E402
 from specforge_outlets.serving.request_params import OUTPUT_LEN_PARAM, STOP_TOKEN_PARAM  # noqa: E402
 from tests.sglang_harness.fixtures import plugins_loaded  # noqa: F401  (fixtures)
-
-
-def generate_input(sampling_params, labels, text="hello", rid=None):
-    """A ``GenerateReqInput`` as SGLang's HTTP server builds it, normalised through the applied hook."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    obj = GenerateReqInput(text=text, sampling_params=sampling_params, custom_labels=labels, rid=rid)
-    obj.normalize_batch_and_arguments()
-    return obj
+from tests.sglang_harness.request_input import CONTEXT_LEN, generate_input  # noqa: E402
 
 
 def prediction_of(sampling_params: dict):
@@ -81,11 +74,53 @@ def test_a_prediction_that_is_not_a_positive_number_is_refused_naming_the_reques
     assert prediction_of(generate_input({"custom_params": {CUSTOM_PARAM_KEY: 0.5}}, None).sampling_params) == 0.5
 
 
+@pytest.mark.parametrize("value", [1e12, "1e12", CONTEXT_LEN + 1, "513"])
+def test_a_prediction_above_the_context_length_is_refused_naming_the_value_and_the_limit(plugins_loaded, monkeypatch,
+                                                                                        value):
+    """1e12 tokens cannot be generated: taken as a prediction it would poison the order, the KV admission and the
+    error metrics. Refused, from custom_params and from custom_labels (the router's way)."""
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    refusal = (f"request huge: {CUSTOM_PARAM_KEY} = {value!r} is above the model's context length "
+               f"({CONTEXT_LEN} tokens)")
+    with pytest.raises(ValueError) as refused:
+        generate_input({"custom_params": {CUSTOM_PARAM_KEY: value}}, None, rid="huge")
+    assert str(refused.value).startswith(refusal), refused.value
+    with pytest.raises(ValueError, match=r"request huge: .* is above the model's context length \(512 tokens\)"):
+        generate_input({}, {CUSTOM_PARAM_KEY: str(value)}, rid="huge")
+    assert prediction_of(generate_input({"custom_params": {CUSTOM_PARAM_KEY: CONTEXT_LEN}}, None).sampling_params) == 512
+
+
+def test_quantiles_above_the_context_length_are_refused(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    with pytest.raises(ValueError, match=f"request q: {QUANTILES_PARAM_KEY} = .* is not usable \\(1e\\+06 tokens is "
+                                         "above the model's context length \\(512 tokens\\)\\)"):
+        generate_input({"custom_params": {QUANTILES_PARAM_KEY: [10, 20, 30, 40, 1e6]}}, None, rid="q")
+    generate_input({"custom_params": {QUANTILES_PARAM_KEY: [10, 20, 30, 40, CONTEXT_LEN]}}, None)
+
+
+def test_a_misspelt_outlets_parameter_is_refused_naming_it_and_the_valid_ones(plugins_loaded, monkeypatch):
+    """``outlets_predicted_len`` for ``outlets_predicted_output_len`` was ignored: the request ran on the prior."""
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    valid = ("the plugin reads outlets_predicted_output_len, outlets_predicted_quantiles, outlets_end_at_output_len, "
+             "outlets_end_token_id")
+    with pytest.raises(ValueError) as refused:
+        generate_input({"custom_params": {"outlets_predicted_len": 100, "other": 1}}, None, rid="typo")
+    assert str(refused.value) == f"request typo: unknown OUTLETS parameter custom_params['outlets_predicted_len']; {valid}"
+    with pytest.raises(ValueError) as refused:  # through the router: a label the plugin does not move
+        generate_input({}, {"outlets_predicted_output_length": "100", "team": "a"}, rid="typo")
+    assert str(refused.value) == (f"request typo: unknown OUTLETS parameter "
+                                  f"custom_labels['outlets_predicted_output_length']; {valid}")
+    with pytest.raises(ValueError, match="request b: unknown OUTLETS parameter custom_params\\['outlets_x'\\]"):
+        generate_input([{}, {"custom_params": {"outlets_x": 1}}], None, text=["x", "y"], rid=["a", "b"])
+    generate_input({"custom_params": {"other": 1}}, {"team": "a"})  # a client's own keys are its business
+
+
 def test_without_an_outlets_policy_labels_move_but_nothing_is_refused(plugins_loaded, monkeypatch):
     """A baseline server behind the same router must end requests where the benchmark says; it reads no prediction."""
     monkeypatch.setattr(state, "plugin_active", lambda: False)
     obj = generate_input({"max_new_tokens": 3}, {CUSTOM_PARAM_KEY: "120", OUTPUT_LEN_PARAM: "4", "team": "a"})
     assert obj.sampling_params["custom_params"] == {CUSTOM_PARAM_KEY: "120", OUTPUT_LEN_PARAM: 4}
     assert obj.custom_labels == {"team": "a"}
-    generate_input({"custom_params": {CUSTOM_PARAM_KEY: -1}}, None)  # not read, so not refused
+    for custom in ({CUSTOM_PARAM_KEY: -1}, {CUSTOM_PARAM_KEY: 1e12}, {"outlets_typo": 1}):
+        generate_input({"custom_params": custom}, None)  # not read, so not refused
     assert generate_input({"max_new_tokens": 3}, {"team": "a"}).custom_labels == {"team": "a"}

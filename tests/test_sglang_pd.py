@@ -180,7 +180,8 @@ def test_pd_greedy_output_equals_the_models_own(pd_cluster, chat_target):
 
 
 def test_a_request_the_prefill_could_not_predict_gets_the_prior_on_the_decode_and_is_counted(pd_cluster):
-    before = [counted_fallbacks(decode) for decode in pd_cluster.decodes]
+    counters = ("outlets_transfers_without_prediction_total", "outlets_requests_on_prior_total")
+    before = {name: sum(counted(decode, name) for decode in pd_cluster.decodes) for name in counters}
     response = post(f"{pd_cluster.url}/generate", {"input_ids": FAIL_PROMPT + PROMPTS[0], "rid": "unpredicted",
                                                    "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     assert response["meta_info"]["completion_tokens"] == 2
@@ -189,12 +190,13 @@ def test_a_request_the_prefill_could_not_predict_gets_the_prior_on_the_decode_an
                      pd_cluster.prefill.log_text())
     logs = "".join(decode.log_text() for decode in pd_cluster.decodes)
     assert "request unpredicted arrived from the prefill instance without a prediction" in logs, logs[-3000:]
-    assert sum(counted_fallbacks(decode) for decode in pd_cluster.decodes) == sum(before) + 1
+    for name in counters:
+        assert sum(counted(decode, name) for decode in pd_cluster.decodes) == before[name] + 1, name
 
 
-def counted_fallbacks(server) -> float:
+def counted(server, counter: str) -> float:
     text = server.get("/metrics")
-    return sum(float(value) for value in re.findall(r"^outlets_transfers_without_prediction_total\S* (\S+)$", text, re.M))
+    return sum(float(value) for value in re.findall(rf"^{counter}\S* (\S+)$", text, re.M))
 
 
 def test_the_router_sends_new_requests_to_the_decode_instance_with_less_predicted_work(pd_cluster):

@@ -48,7 +48,7 @@ def test_every_hook_is_applied(plugins_loaded):
     from sglang_patches import registry
 
     exported = [target for area in registry.AREAS for target, _, _, _ in area.HOOK_TARGETS]
-    assert len(exported) == len(set(exported)) == 26
+    assert len(exported) == len(set(exported)) == 27
     assert sorted(plugins_loaded) == sorted(state.registered_targets()) == sorted(exported)
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -107,6 +107,51 @@ def test_cli_accepts_outlets_and_carries_settings_to_spawned_processes(plugins_l
     assert current.scheduling == SchedulingConfig(prior_output_len=100.0, aging_tokens_per_s=2.5,
                                                   long_output_len=500.0, long_holdback=0.3)
     assert current.order is QueuePolicy.SJF
+
+
+@pytest.mark.parametrize("flags, unread", [
+    (["--outlets-order", "sjf", "--outlets-kv-admission", "predicted"],
+     ["--outlets-order (OUTLETS_ORDER) is read by --schedule-policy outlets",
+      "--outlets-kv-admission (OUTLETS_KV_ADMISSION) is read by --schedule-policy outlets"]),
+    (["--schedule-policy", "fcfs", "--outlets-prior-output-len", "100"],
+     ["--outlets-prior-output-len (OUTLETS_PRIOR_OUTPUT_LEN) is read by --load-balance-method outlets or "
+      "--schedule-policy outlets"]),
+    (["--load-balance-method", "outlets", "--outlets-long-holdback", "0"],  # the router reads no queue order
+     ["--outlets-long-holdback (OUTLETS_LONG_HOLDBACK) is read by --schedule-policy outlets"]),
+])
+def test_outlets_flags_no_asked_feature_reads_refuse_to_start(plugins_loaded, tmp_path, capsys, flags, unread):
+    """Today's silent case: the flags parse, and SGLang runs its own policy (FCFS) with no word."""
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), *flags])
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error, error
+    assert "; ".join(unread) + ", but this server runs " in error, error
+    assert "add the feature named (e.g. --schedule-policy outlets), or leave the flag out" in error, error
+
+
+def test_an_exported_outlets_variable_without_the_policy_refuses_to_start(plugins_loaded, tmp_path, capsys,
+                                                                          monkeypatch):
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv(ENV_ORDER, "sjf")  # left in the shell from an outlets server
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "lpm"])
+    assert ("error: --outlets-order (OUTLETS_ORDER) is read by --schedule-policy outlets, but this server runs no "
+            "OUTLETS feature (stock SGLang), which would ignore it silently") in capsys.readouterr().err
+    # accepted with the feature that reads it
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets"])
+    monkeypatch.delenv(ENV_ORDER)
+    prepare_server_args(["--model-path", str(tmp_path), "--load-balance-method", "outlets",
+                         "--outlets-prior-output-len", "100", "--outlets-quantile-levels", "0.1,0.5,0.9"])
+
+
+def test_every_setting_but_the_draft_path_names_the_features_that_read_it():
+    from sglang_patches.settings import FLAGS
+    from sglang_patches.setting_readers import READERS
+
+    assert set(READERS) == {variable for _, _, variable, _, _ in FLAGS} - {ENV_DRAFT}
 
 
 def test_cli_still_rejects_unknown_policies(plugins_loaded, tmp_path, capsys):
@@ -390,6 +435,31 @@ def test_external_prediction_and_fallback_counter(plugins_loaded):
     assert state.PLUGIN.fallbacks.count == before + 4
     none = request("none", custom={"other": 1})
     assert not assign_external_prediction(none, config) and P.predicted_output_len(none) is None
+
+
+def test_a_request_scheduled_on_the_prior_is_counted_once(plugins_loaded, monkeypatch):
+    """outlets_requests_on_prior_total: a request without a prediction where no predictor will make one, once
+    (not again when it is retracted and queued again); not one with its own prediction, nor one a PD decode
+    instance waits for the prefill's prediction for (pd_transfer counts a transfer without one)."""
+    counted = []
+    monkeypatch.setattr(state.metrics(), "served_on_prior", lambda: counted.append(1))
+    monkeypatch.setattr(state, "plugin_active", lambda: True)
+    monkeypatch.setattr(state.PLUGIN, "speculative_predictions", False)
+    colocated, decode = SimpleNamespace(disaggregation_mode=None), SimpleNamespace(disaggregation_mode="decode")
+
+    def arriving(custom=None):
+        req = request("r", custom=custom)
+        P.record(req).arrival = None  # not queued yet
+        return req
+
+    unpredicted = arriving()
+    ordering.add_request_to_queue_before(colocated, unpredicted)
+    ordering.add_request_to_queue_before(colocated, unpredicted)  # retracted, queued again
+    ordering.add_request_to_queue_before(colocated, arriving({"outlets_predicted_output_len": 12}))
+    ordering.add_request_to_queue_before(decode, arriving())
+    assert len(counted) == 1
+    P.fall_back_to_prior(arriving(), read_settings().scheduling, "a failed prediction")
+    assert len(counted) == 2
 
 
 # --- retraction, meta_info, load snapshots, routing ----------------------------------------------------

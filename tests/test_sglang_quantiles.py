@@ -31,6 +31,7 @@ from sglang_patches.settings import (  # noqa: E402
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
 from tests.sglang_harness.stand_in import StandInReq, fresh_view, real_request, request  # noqa: E402
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
+from tests.sglang_harness.request_input import generate_input  # noqa: E402
 
 LEVELS = tuple(DEFAULT_QUANTILE_LEVELS)  # 0.1, 0.25, 0.5, 0.75, 0.9
 TAILED = (3.0, 4.0, 6.0, 40.0, 2000.0)  # median 6, a long tail: Gittins serves it early, the risk key late
@@ -151,15 +152,6 @@ def test_eagle3_mode_refuses_a_draft_at_other_levels_than_the_servers(monkeypatc
 
 
 # --- the client's quantiles ---------------------------------------------------------------------------
-
-
-def generate_input(sampling_params, labels=None, text="hello", rid=None):
-    """A ``GenerateReqInput`` as SGLang's HTTP server builds it, normalised through the applied hook."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    obj = GenerateReqInput(text=text, sampling_params=sampling_params, custom_labels=labels, rid=rid)
-    obj.normalize_batch_and_arguments()
-    return obj
 
 
 def scheduled(sampling_params: dict, config: SchedulingConfig):

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
-from tests.sglang_harness.server import completion_order, start_server  # noqa: E402
+from tests.sglang_harness.server import HARNESS_CONTEXT_LEN, completion_order, start_server  # noqa: E402
 
 PRIOR = 256.0
 PROMPT = "hello world the quick brown fox"
@@ -82,6 +82,22 @@ class TestOutletsPolicy:
             message = error.value.read().decode()
             assert error.value.code == 400 and f"request bad-{index}: outlets_predicted_output_len" in message, message
             assert "is not a positive number of tokens" in message
+        for index, huge in enumerate((1e12, HARNESS_CONTEXT_LEN + 1)):  # accepted, and poisoning the metrics, once
+            body = {"text": PROMPT, "rid": f"huge-{index}",
+                    "sampling_params": {"max_new_tokens": 2, "custom_params": {"outlets_predicted_output_len": huge}}}
+            with pytest.raises(urllib.error.HTTPError) as error:
+                server.post("/generate", body)
+            message = error.value.read().decode()
+            assert error.value.code == 400 and (
+                f"request huge-{index}: outlets_predicted_output_len = {huge!r} is above the model's context length "
+                f"({HARNESS_CONTEXT_LEN} tokens)") in message, message
+        with pytest.raises(urllib.error.HTTPError) as error:  # a misspelt key, ignored once: the request ran on the prior
+            server.post("/generate", {"text": PROMPT, "rid": "typo", "sampling_params": {
+                "max_new_tokens": 2, "custom_params": {"outlets_predicted_len": 7}}})
+        message = error.value.read().decode()
+        assert error.value.code == 400 and ("request typo: unknown OUTLETS parameter "
+                                            "custom_params['outlets_predicted_len']; the plugin reads "
+                                            "outlets_predicted_output_len") in message, message
         stream = server.stream({"text": PROMPT, "rid": "bad-stream", "custom_labels": {"outlets_predicted_output_len": "-1"},
                                 "sampling_params": {"max_new_tokens": 2}})
         assert "request bad-stream: " in stream[-1]["error"]["message"], stream
@@ -100,12 +116,18 @@ class TestOutletsPolicy:
         assert "Failed to apply hooks" not in log and "Failed to execute general plugin" not in log
 
     def test_prometheus_metrics(self, server):
-        server.generate(PROMPT, max_new_tokens=3, predicted_output_len=10)  # abs error 7
+        server.generate(PROMPT, max_new_tokens=3, predicted_output_len=10)  # abs error 7, signed error 3 - 10 = -7
+        server.generate(PROMPT, max_new_tokens=2)  # no prediction, no predictor: scheduled on the prior
         burst(server)  # reorders the waiting queue
         text = server.get("/metrics")
-        assert re.search(r"^outlets_prediction_abs_error_tokens_count\S* [1-9]", text, re.M), text[-2000:]
-        assert re.search(r"^outlets_queue_order_changes_total\S* [1-9]", text, re.M), [
-            line for line in text.splitlines() if "outlets" in line]
+        outlets_lines = [line for line in text.splitlines() if "outlets" in line]
+        for metric in (r"outlets_prediction_abs_error_tokens_count\S*", r"outlets_queue_order_changes_total\S*",
+                       r'outlets_prediction_error_tokens_bucket\{[^}]*le="-5\.0"[^}]*\}',  # the -7
+                       r"outlets_predicted_output_len_tokens_count\S*", r"outlets_requests_on_prior_total\S*"):
+            assert re.search(f"^{metric} [1-9]", text, re.M), (metric, outlets_lines)
+        # signed: this class's requests end long before their predictions (the burst's 100-900 after 2 tokens)
+        assert float(re.search(r"^outlets_prediction_error_tokens_sum\S* (\S+)$", text, re.M).group(1)) < 0, (
+            outlets_lines)
 
     def test_greedy_tokens_and_the_prediction_come_back(self, server):
         response = server.generate(PROMPT, max_new_tokens=6, predicted_output_len=3)

@@ -23,9 +23,15 @@ STUBS = os.path.join(HARNESS, "stubs")
 FAULTS = os.path.join(HARNESS, "faults")
 REPO = os.path.dirname(os.path.dirname(HARNESS))
 START_TIMEOUT_S = float(os.environ.get("OUTLETS_TEST_SERVER_START_TIMEOUT", "300"))
+# The tiny targets hold 512 positions, but the tests send predictions of up to 5,000 tokens (the long class, the
+# router's loads), and the plugin refuses a prediction above the model's context length: every test server declares
+# a longer context (SGLang allows one above the config's with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN; the tests'
+# requests stay within 512 positions, so what the model computes does not change).
+HARNESS_CONTEXT_LEN = 8192
 # small, fixed settings of every test server; an idle scheduler sleeps instead of polling, so servers
 # kept for later tests leave the CPU to the one under test
-HARNESS_ARGS = ["--max-total-tokens", "4096", "--skip-server-warmup", "--sleep-on-idle"]
+HARNESS_ARGS = ["--max-total-tokens", "4096", "--skip-server-warmup", "--sleep-on-idle",
+                "--context-length", str(HARNESS_CONTEXT_LEN)]
 
 
 def server_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -33,6 +39,7 @@ def server_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([STUBS, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"  # HARNESS_CONTEXT_LEN
     for key in [key for key in env if key.startswith("OUTLETS_") and key not in ("OUTLETS_TEST_SERVER_START_TIMEOUT",)]:
         del env[key]  # only what the test passes
     env.update(extra or {})
