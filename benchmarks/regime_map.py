@@ -33,6 +33,7 @@ from specforge_outlets.studies.regime_map.cells import simulate
 from specforge_outlets.studies.regime_map.plot import plot
 from specforge_outlets.studies.regime_map.regimes import BATCH_SHAPES, LOADS, ONLINE_REQUESTS, REGIMES
 from specforge_outlets.studies.regime_map.report import report
+from specforge_outlets.studies.stages import run_stages
 
 OUTPUT = os.path.join(REPO, "benchmarks", "data", "regime-map")
 FIGURE = os.path.join(REPO, "docs", "figures", "regime-map.png")
@@ -52,12 +53,7 @@ def main() -> None:
     parser.add_argument("--output", default=OUTPUT)
     parser.add_argument("--record", default=RECORD, help="the evaluation record the learned rungs read")
     parser.add_argument("--figure", default=FIGURE)
-    args = parser.parse_args()
-    unknown = [stage for stage in args.stages if stage not in STAGES]
-    if unknown:
-        parser.error(f"unknown stage(s) {', '.join(unknown)}; of {', '.join(STAGES)}")
-    for stage in args.stages or list(STAGES):
-        STAGES[stage](args)
+    run_stages(parser, parser.parse_args(), STAGES)
 
 
 if __name__ == "__main__":

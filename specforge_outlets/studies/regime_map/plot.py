@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import List
 
-from specforge_outlets.studies.regime_map.cells import read_cells
 from specforge_outlets.studies.regime_map.report import (
     CONTROLS,
     best_outlets,
-    grouped,
     plugin_default_label,
     sibling,
-    summarize_cell,
+    summaries_of,
 )
 from specforge_outlets.studies.predictor_ladder.cells import SGLANG_DEFAULT
 
@@ -25,8 +23,7 @@ def plot(args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summaries = [summarize_cell(sorted(seeds, key=lambda cell: cell["seed"]))
-                 for seeds in grouped(read_cells(args.output)).values()]
+    summaries = summaries_of(args.output)
     regimes: List[str] = list(dict.fromkeys(cell["regime"] for cell in summaries))
     columns = min(4, len(regimes))
     rows = -(-len(regimes) // columns)
@@ -50,13 +47,15 @@ def plot(args) -> None:
         axis.axhline(1.0, color="black", linewidth=0.8)
         if cells and cells[0]["load"] is not None:
             axis.axvspan(1.0, max(x + [1.0]) + 0.05, color="red", alpha=0.06)  # overload
-        axis.set_yscale("log")
         axis.set_title(regime, fontsize=9)
         axis.set_xlabel("requests at once" if cells and cells[0]["load"] is None else "load / capacity")
         axis.set_ylabel("mean TTFT / best peer")
     for index in range(len(regimes), rows * columns):
         axes[index // columns][index % columns].axis("off")
-    axes[0][0].legend(fontsize=6, title="black: best prediction-free peer", title_fontsize=6)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    spare = axes[-1][-1] if len(regimes) < rows * columns else axes[0][0]
+    spare.legend(handles, labels, fontsize=7, loc="center", title="black: best prediction-free peer per cell\n"
+                 "red: overload; batches: r̂₀ at arrival, pass charged", title_fontsize=7)
     figure.tight_layout()
     figure.savefig(args.figure, dpi=110)
     print(f"wrote {args.figure}")

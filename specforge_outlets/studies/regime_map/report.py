@@ -16,7 +16,7 @@ import numpy as np
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.studies.regime_map.cells import read_cells
 from specforge_outlets.studies.regime_map.metrics import SHORT_THRESHOLD, SLO, WINDOW
-from specforge_outlets.studies.regime_map.regimes import AT_ARRIVAL, CONTROLS, PLUGIN_DEFAULT
+from specforge_outlets.studies.regime_map.regimes import AT_ARRIVAL, CONTROLS, PLUGIN_DEFAULT, REGIMES
 
 LOWER_IS_BETTER = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "short_p99_s",
                    "long_p99_s", "makespan_s")
@@ -105,6 +105,11 @@ def plugin_default_label(cell: dict) -> str:
     return next((label for label in labels if cell["runs"][label]["point"] == AT_ARRIVAL), labels[0])
 
 
+def shown(label: str) -> str:
+    """A run's label in a markdown table (its separators are not the table's)."""
+    return label.replace(" | ", " · ")
+
+
 def load_text(cell: dict) -> str:
     if cell["load"] is None:
         return f"{cell['shape']} at once"
@@ -122,7 +127,7 @@ def headline_rows(summaries: List[dict]) -> List[str]:
                               for rung in (*CONTROLS, "oracle"))
         rows.append(f"| {cell['regime']} | {load_text(cell)} | {cell['best_peer']['ttft_mean_s']} | "
                     f"{d['ttft_mean_s']:.2f} / {d['ttft_p99_s']:.2f} / {d['short_p99_s']:.2f} / {d['long_p99_s']:.2f} / "
-                    f"{d['goodput_rps']:.2f} | {best.replace(' | outlets r0', '')} | {b['ttft_mean_s']:.2f} / "
+                    f"{d['goodput_rps']:.2f} | {shown(best.replace(' | outlets r0', ''))} | {b['ttft_mean_s']:.2f} / "
                     f"{b['ttft_p99_s']:.2f} / {b['long_p99_s']:.2f} | {controls} | {verdict(cell, best)} |")
     return rows
 
@@ -136,18 +141,25 @@ def detail_rows(cell: dict) -> List[str]:
     rows = ["| run | " + " | ".join(metric.replace("_s", "").replace("_", " ") for metric in DETAIL)
             + " | whole-trace mean TTFT (s) |", "|---|" + "---:|" * (len(DETAIL) + 1)]
     for label, run in cell["runs"].items():
-        rows.append(f"| {label} | " + " | ".join(f"{run['ratio'][metric]:.2f}" for metric in DETAIL)
-                    + f" | {run['mean']['whole']['ttft_mean_s']:.2f} |")
+        rows.append(f"| {shown(label)} | " + " | ".join(f"{run['ratio'][metric]:.2f}" for metric in DETAIL)
+                    + f" | {run['mean']['whole']['ttft_mean_s']:.3g} |")
     best = cell["best_peer"]["ttft_mean_s"]
     rows.append(f"| (best peer's {window} figures, s) | " + " | ".join(
-        f"{cell['runs'][cell['best_peer'][metric]]['mean'][window][metric]:.2f}" for metric in DETAIL) + f" | "
-        f"{cell['runs'][best]['mean']['whole']['ttft_mean_s']:.2f} |")
+        f"{cell['runs'][cell['best_peer'][metric]]['mean'][window][metric]:.3g}" for metric in DETAIL) + f" | "
+        f"{cell['runs'][best]['mean']['whole']['ttft_mean_s']:.3g} |")
     return rows
 
 
+def summaries_of(output: str) -> List[dict]:
+    """Every complete cell's summary, in the map's order: regime, then shape, then load."""
+    groups = grouped(read_cells(output))
+    order = list(REGIMES)
+    keys = sorted(groups, key=lambda key: (order.index(key[0]), key[1], -1.0 if key[2] is None else key[2]))
+    return [summarize_cell(sorted(groups[key], key=lambda cell: cell["seed"])) for key in keys]
+
+
 def report(args) -> None:
-    summaries = [summarize_cell(sorted(seeds, key=lambda cell: cell["seed"]))
-                 for seeds in grouped(read_cells(args.output)).values()]
+    summaries = summaries_of(args.output)
     with open(os.path.join(args.output, "capacity.json")) as handle:
         capacity = json.load(handle)
     write_text_atomic(os.path.join(args.output, "map.json"), json.dumps(
