@@ -103,7 +103,7 @@ def test_a_cell_is_resumable_and_a_rerun_simulates_nothing_new(tmp_path):
     assert cells.simulate_cell(work, "PD 2P+2D", 40, 1.0, 0, 20.0, path) == 1  # only the run it lacked
 
 
-def test_a_batch_cell_runs_both_prediction_points_and_reports_ratios(tmp_path):
+def test_a_batch_cell_runs_every_prediction_point_and_reports_ratios(tmp_path):
     work = TinyRecord()
     args = argparse.Namespace(output=str(tmp_path), regimes=["offline batch"], seeds=[0, 1], requests=40,
                               batch_shapes=[30], loads=[1.0])
@@ -114,7 +114,12 @@ def test_a_batch_cell_runs_both_prediction_points_and_reports_ratios(tmp_path):
     (summary,) = [report.summarize_cell(seeds) for seeds in report.grouped(cells.read_cells(str(tmp_path))).values()]
     assert summary["seeds"] == [0, 1] and summary["headline_window"] == "whole" and summary["prediction_pass_s"] > 0
     points = {run["point"] for run in summary["runs"].values() if run["rung"] == "oracle"}
-    assert points == {"at prefill", "at arrival (prefill-only pass charged)"}
+    assert points == {"at prefill", "at arrival (prefill-only pass charged)", "at arrival (free: a lower bound)"}
+    # the charged pass starts every request later than the free lower bound, by the pass
+    runs = summary["runs"]
+    assert (runs["sjf, total_requests | oracle | at arrival (prefill-only pass charged)"]["mean"]["whole"]["ttft_mean_s"]
+            > runs["sjf, total_requests | oracle | at arrival (free: a lower bound)"]["mean"]["whole"]["ttft_mean_s"])
+    assert report.best_outlets(summary).endswith(("at prefill", "pass charged)"))
     best = summary["best_peer"]["ttft_mean_s"]
     assert summary["runs"][best]["ratio"]["ttft_mean_s"] == pytest.approx(1.0)
     assert all(run["ratio"]["ttft_mean_s"] >= 1.0 - 1e-9 for label, run in summary["runs"].items()

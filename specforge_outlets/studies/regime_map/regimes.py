@@ -117,8 +117,12 @@ CONTROLS = ("constant", "outlets r0 shuffled")
 
 # where r̂₀ becomes known: online at the end of prefill (the cluster's predict_at), so it cannot order a request's
 # own first admission; a batch may also run a prefill-only pass first (metrics.prediction_pass_s) and know it
-# before any admission
+# before any admission: charged, an upper bound on its cost (the simulator prefills each prompt again), and free,
+# a lower bound (as if the pass cost nothing), between which the real cost lies
 AT_PREFILL = "at prefill"
 AT_ARRIVAL = "at arrival (prefill-only pass charged)"
+AT_ARRIVAL_FREE = "at arrival (free: a lower bound)"
 POINTS: Dict[str, Tuple[PredictionPoint, bool]] = {AT_PREFILL: (PredictionPoint.PREFILL, False),
-                                                    AT_ARRIVAL: (PredictionPoint.ARRIVAL, True)}
+                                                    AT_ARRIVAL: (PredictionPoint.ARRIVAL, True),
+                                                    AT_ARRIVAL_FREE: (PredictionPoint.ARRIVAL, False)}
+BOUNDS = (AT_ARRIVAL_FREE,)  # points no deployment reaches: shown, never a configuration's headline
