@@ -15,6 +15,7 @@ from specforge_outlets.studies.regime_map.report import (
 from specforge_outlets.studies.predictor_ladder.cells import SGLANG_DEFAULT
 
 METRIC = "ttft_mean_s"
+LOG_ABOVE = 3.0  # a panel whose ratios reach this is drawn on a log scale
 
 
 def plot(args) -> None:
@@ -45,6 +46,8 @@ def plot(args) -> None:
                  color=color, linestyle=":")
         line(lambda cell: SGLANG_DEFAULT, label=SGLANG_DEFAULT, color="grey", linestyle="--")
         axis.axhline(1.0, color="black", linewidth=0.8)
+        if max(max(line.get_ydata()) for line in axis.get_lines() if len(line.get_ydata()) > 1) > LOG_ABOVE:
+            axis.set_yscale("log")
         if cells and cells[0]["load"] is not None:
             axis.axvspan(1.0, max(x + [1.0]) + 0.05, color="red", alpha=0.06)  # overload
         axis.set_title(regime, fontsize=9)
