@@ -12,6 +12,7 @@ from specforge_outlets.scheduling import (
     RequestKeys,
     SchedulingConfig,
     is_predicted_long,
+    longest_first_sort_key,
     request_prompt_len,
     short_merge_key,
     sjf_sort_key,
@@ -41,9 +42,24 @@ class CachedOrderKeys(RequestKeys):
         self._table = key_tables.key_table(config)
 
     def sorted_by_sjf(self, reqs) -> list:
+        return self._sorted(reqs, self._table.sjf, self._compute_sjf)
+
+    def sorted_by_longest_first(self, reqs) -> list:
+        return self._sorted(reqs, self._table.longest, self._compute_longest)
+
+    def _sorted(self, reqs, keys: dict, compute) -> list:
+        """``reqs`` sorted by their cached ``keys`` (``compute`` fills in those they lack)."""
+        result = self._read(reqs, keys, compute, lambda: sorted(reqs, key=keys.__getitem__))
+        self._bound(reqs, keys)
+        return result
+
+    def rank_long(self, reqs) -> list:
+        # a request is classified once, when an order first reads it, against the window of the requests
+        # classified before it (in list order within a round), as the core's queue classifies on entry
         table = self._table
-        result = self._read(reqs, table.sjf, self._compute_sjf, lambda: sorted(reqs, key=table.sjf.__getitem__))
-        self._bound(reqs, table.sjf)
+        result = self._read(reqs, table.rank_long, self._compute_rank_tail_safe,
+                            lambda: list(compress(reqs, map(table.rank_long.__getitem__, reqs))))
+        self._bound(reqs, table.rank_long)
         return result
 
     def predicted_long(self, reqs) -> list:
@@ -69,12 +85,13 @@ class CachedOrderKeys(RequestKeys):
         if reqs and type(reqs[-1]).__hash__ is None:
             raise TypeError(f"the OUTLETS order keeps keys by request, so a {type(reqs[-1]).__name__} must hash by "
                             "identity, as SGLang's Req does")
-        # Requests join at the end of the list (new arrivals, retractions): fill those in first, so
-        # that the common round reads once; a request without keys anywhere else makes the read
-        # raise, and then every request is checked.
-        for req in reversed(reqs):
-            if req in keys:
-                break
+        # Requests join at the end of the list (new arrivals, retractions): fill those in first, in list
+        # order (the ranked classes depend on it), so that the common round reads once; a request
+        # without keys anywhere else makes the read raise, and then every request is checked.
+        first_new = len(reqs)
+        while first_new and reqs[first_new - 1] not in keys:
+            first_new -= 1
+        for req in reqs[first_new:]:
             compute(req)
         try:
             return read()
@@ -102,9 +119,22 @@ class CachedOrderKeys(RequestKeys):
                                predicted_output_quantiles(req), prompt_len)
         self._table.sjf[req] = key
 
+    def _compute_longest(self, req) -> None:
+        self._table.longest[req] = longest_first_sort_key(predicted_output_len(req), num_generated(req),
+                                                          stamp_arrival(req), self.config)
+
     def _compute_tail_safe(self, req) -> None:
         config, table = self.config, self._table
         quantiles = None if config.long_class_quantile is None else predicted_output_quantiles(req)
         table.long[req] = is_predicted_long(predicted_output_len(req), num_generated(req), config, quantiles)
+        self._compute_merge(req)
+
+    def _compute_rank_tail_safe(self, req) -> None:
+        table = self._table
+        table.rank_long[req] = table.recent.classify(predicted_output_len(req), num_generated(req), self.config)
+        self._compute_merge(req)
+
+    def _compute_merge(self, req) -> None:
+        table = self._table
         arrival = table.arrival[req] = stamp_arrival(req)
         table.merge[req] = short_merge_key(arrival)  # a long request's is set by each order

@@ -22,6 +22,8 @@ from specforge_outlets.scheduling import (
     DEFAULT_KV_ADMISSION,
     DEFAULT_KV_MARGIN,
     DEFAULT_KV_QUANTILE,
+    DEFAULT_LONG_CLASS_SHARE,
+    DEFAULT_RANK_WINDOW,
     KVAdmission,
     DEFAULT_LONG_HOLDBACK,
     DEFAULT_LONG_OUTPUT_LEN,
@@ -56,6 +58,9 @@ ENV_ORDER_KEY = "OUTLETS_ORDER_KEY"
 ENV_LONG_CLASS_QUANTILE = "OUTLETS_LONG_CLASS_QUANTILE"
 ENV_KV_QUANTILE = "OUTLETS_KV_QUANTILE"
 ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
+# tail-safe-ranks: the long class from the ranks of recent predictions
+ENV_LONG_CLASS_SHARE = "OUTLETS_LONG_CLASS_SHARE"
+ENV_RANK_WINDOW = "OUTLETS_RANK_WINDOW"
 
 # KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values; sglang: SGLang's own
 # estimate, the plugin's KV admission off), the default (the core's, the simulator's too) first; each rule's
@@ -68,7 +73,7 @@ KV_KNOB_SETTINGS = {"kv_margin": (ENV_KV_MARGIN, "--outlets-kv-margin"),
 
 # Waiting-queue orders --schedule-policy outlets offers; tail-safe first, the default: SJF can make a
 # length class's P99 several times worse than FCFS under overload (docs/serving.md).
-ORDERS = (QueuePolicy.TAIL_SAFE, QueuePolicy.SJF)
+ORDERS = (QueuePolicy.TAIL_SAFE, QueuePolicy.SJF, QueuePolicy.TAIL_SAFE_RANKS, QueuePolicy.LONGEST_FIRST)
 
 # Key of an externally supplied prediction in a request's ``sampling_params.custom_params``.
 CUSTOM_PARAM_KEY = "outlets_predicted_output_len"
@@ -95,7 +100,8 @@ FLAGS = (
     ("--outlets-order", "outlets_order", ENV_ORDER, str,
      f"OUTLETS: waiting-queue order, one of {', '.join(order.value for order in ORDERS)} (default "
      f"{ORDERS[0].value}: FCFS within predicted-length classes, bounded hold-back of predicted-long requests; "
-     "sjf: shortest predicted remaining first with aging)."),
+     "sjf: shortest predicted remaining first with aging; tail-safe-ranks: tail-safe with the long class the top "
+     "--outlets-long-class-share of recent predictions; longest-predicted-first: for offline batches' makespan)."),
     ("--outlets-long-output-len", "outlets_long_output_len", ENV_LONG_OUTPUT_LEN, float,
      f"OUTLETS tail-safe: predicted remaining length from which a request is in the long class (default "
      f"{DEFAULT_LONG_OUTPUT_LEN:g})."),
@@ -130,6 +136,13 @@ FLAGS = (
     ("--outlets-long-class-quantile", "outlets_long_class_quantile", ENV_LONG_CLASS_QUANTILE, float,
      "OUTLETS tail-safe: a request is in the long class when this quantile of its predicted remaining length "
      "reaches --outlets-long-output-len (default: its point prediction). A level strictly between 0 and 1."),
+    ("--outlets-long-class-share", "outlets_long_class_share", ENV_LONG_CLASS_SHARE, float,
+     f"OUTLETS tail-safe-ranks: a request is in the long class when its predicted remaining length is among this top "
+     f"share of the last --outlets-rank-window predictions (default {DEFAULT_LONG_CLASS_SHARE:g}; strictly between 0 "
+     "and 1). Needs --outlets-order tail-safe-ranks."),
+    ("--outlets-rank-window", "outlets_rank_window", ENV_RANK_WINDOW, int,
+     f"OUTLETS tail-safe-ranks: how many recent predictions the long class is read from (default "
+     f"{DEFAULT_RANK_WINDOW}). Needs --outlets-order tail-safe-ranks."),
     ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
      f"OUTLETS --outlets-kv-admission {KVAdmission.PEAK.value} (the default): the quantile of a request's predicted "
      f"remaining length read as its end (a request without quantiles ends at its point prediction); "
@@ -192,6 +205,10 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
         raise OutletsSettingsError(
             f"{ENV_LONG_CLASS_QUANTILE} (--outlets-long-class-quantile) sets the tail-safe order's long class, but the "
             f"order is {order.value}: leave it out, or use --outlets-order {QueuePolicy.TAIL_SAFE.value}")
+    for name, flag in ((ENV_LONG_CLASS_SHARE, "--outlets-long-class-share"), (ENV_RANK_WINDOW, "--outlets-rank-window")):
+        if env.get(name) and order is not QueuePolicy.TAIL_SAFE_RANKS:
+            raise OutletsSettingsError(f"{name} ({flag}) sets the tail-safe-ranks order's long class, but the order is "
+                                       f"{order.value}: leave it out, or use --outlets-order tail-safe-ranks")
     kv_admission, kv_margin, kv_quantile = _kv_settings(env)
     draft = env.get(ENV_DRAFT) or None
     levels = quantile_levels(env.get(ENV_QUANTILE_LEVELS) or "", draft_quantile_levels(draft) if draft else None,
@@ -206,6 +223,8 @@ def read_settings(env: Mapping[str, str] = os.environ) -> PluginSettings:
             order_key=order_key,
             long_class_quantile=long_class_quantile,
             quantile_levels=levels,
+            long_class_share=_env_number(env, ENV_LONG_CLASS_SHARE, DEFAULT_LONG_CLASS_SHARE),
+            rank_window=_env_number(env, ENV_RANK_WINDOW, DEFAULT_RANK_WINDOW, int),
         )
     except ValueError as error:
         raise OutletsSettingsError(f"OUTLETS settings: {error}") from None

@@ -105,9 +105,9 @@ def test_each_rule_declares_the_knobs_its_strategy_reads():
     quantiles = (10.0, 20.0, 30.0, 40.0, 50.0)
     request = KVRequest(0, 0, 1000, 30.0, quantiles)
     past_future = [create_admission(KVAdmission.PAST_FUTURE, CONFIG, kv_quantile=level) for level in (0.1, 0.9)]
-    assert past_future[0].predicted_total(request) == past_future[1].predicted_total(request)
-    assert (create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.1).predicted_total(request)
-            < create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.9).predicted_total(request))
+    assert past_future[0].predicted_output_len(request) == past_future[1].predicted_output_len(request)
+    assert (create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.1).predicted_output_len(request)
+            < create_admission(KVAdmission.PEAK, CONFIG, kv_quantile=0.9).predicted_output_len(request))
 
 
 def knob_values(rule, **given):
@@ -169,16 +169,16 @@ def test_the_peak_reads_each_requests_end_from_its_prediction_then_from_the_hist
         history.record(length)
     config = SchedulingConfig(quantile_levels=(0.1, 0.5, 0.9))
     peak = PeakAdmission(0.9, config, history)
-    assert peak.predicted_total(KVRequest(0, 50, 1000, 200.0)) == 200  # the prediction (the oracle: the truth)
+    assert peak.predicted_output_len(KVRequest(0, 50, 1000, 200.0)) == 200  # the prediction (the oracle: the truth)
     outlived = KVRequest(0, 250, 1000, 200.0)  # past its prediction: predicted again, not charged nothing
-    assert peak.predicted_total(outlived) == 250 + history.mean_remaining(250, 1000) == 650
-    assert peak.predicted_total(KVRequest(0, 0, 150, 200.0)) == 150  # never past max_new_tokens
-    assert peak.predicted_total(KVRequest(0, 0, 1000, 20.0, ignore_eos=True)) == 1000
+    assert peak.predicted_output_len(outlived) == 250 + history.mean_remaining(250, 1000) == 650
+    assert peak.predicted_output_len(KVRequest(0, 0, 150, 200.0)) == 150  # never past max_new_tokens
+    assert peak.predicted_output_len(KVRequest(0, 0, 1000, 20.0, ignore_eos=True)) == 1000
     wide = KVRequest(0, 0, 5000, 200.0, (50.0, 200.0, 1200.0))
-    assert peak.predicted_total(wide) > PeakAdmission(0.5, config, history).predicted_total(wide) > 150  # the risk
-    assert peak.predicted_total(wide._replace(generated=3000)) == 3000 + history.mean_remaining(3000, 5000)
+    assert peak.predicted_output_len(wide) > PeakAdmission(0.5, config, history).predicted_output_len(wide) > 150  # the risk
+    assert peak.predicted_output_len(wide._replace(generated=3000)) == 3000 + history.mean_remaining(3000, 5000)
     past_future = PastFutureAdmission(0.9, config, history)
-    assert past_future.predicted_total(KVRequest(0, 50, 1000, 200.0)) == 50 + history.mean_remaining(50, 1000)
+    assert past_future.predicted_output_len(KVRequest(0, 50, 1000, 200.0)) == 50 + history.mean_remaining(50, 1000)
 
 
 def test_the_peak_admits_while_the_future_peak_with_the_request_fits_the_cache():

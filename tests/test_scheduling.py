@@ -1,5 +1,6 @@
 """The shared scheduling core: ordering key, aging bound, queues and routers."""
 
+import math
 import random
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from specforge_outlets.scheduling import (
     MIN_PREDICTED_REMAINING,
     FCFSRequestQueue,
     KVRequest,
+    LongestFirstRequestQueue,
     LeastPredictedWorkRouter,
     LengthPrediction,
     PredictionSource,
@@ -19,6 +21,8 @@ from specforge_outlets.scheduling import (
     PowerOfTwoRouter,
     QueuePolicy,
     RankLoad,
+    RankTailSafeRequestQueue,
+    RecentPredictions,
     RoundRobinRouter,
     RoutingPolicy,
     SchedulingConfig,
@@ -123,7 +127,9 @@ def test_sjf_key_ages_linearly_with_waiting_time():
 @pytest.mark.parametrize("kwargs", [{"long_output_len": 0}, {"long_holdback": -0.1}, {"long_holdback": float("inf")},
                                     {"max_retractions": 0}, {"max_retractions": 1.5},
                                     {"prior_output_len": 0}, {"aging_tokens_per_s": -1.0},
-                                    {"prior_output_len": float("nan")}])
+                                    {"prior_output_len": float("nan")}, {"long_class_share": 0.0},
+                                    {"long_class_share": 1.0}, {"long_class_share": float("nan")},
+                                    {"rank_window": 0}, {"rank_window": 2.5}, {"rank_window": True}])
 def test_scheduling_config_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         SchedulingConfig(**kwargs)
@@ -247,6 +253,74 @@ def test_tail_safe_starves_only_when_holdback_times_overload_reaches_one(holdbac
         assert served.index("long") + 1 <= 1 / (1 - holdback * 2)
 
 
+# Nine requests one second apart, predictions far below the fixed 800 (as a learned r0's are). Ranked classes with
+# share 0.25 over a window of 4: the top floor(0.25 x n) of the last n <= 4 predictions, own included.
+#   a 100, b 300, c 200: n = 1..3, floor(0.25 n) = 0: no long class yet -> short
+#   d 400: window [100 300 200 400], top 1 = 400, 400 >= 400 -> LONG
+#   e 150: window [300 200 400 150], top 1 = 400 -> short;  f 350: [200 400 150 350] -> 400 -> short
+#   g None: the prior (100) against 400, joins no window -> short
+#   h 500: window [400 150 350 500] -> 500 -> LONG
+#   i 450: window [150 350 500 450] -> 500 -> short (all eight predictions, n = 8: top 2 = 450 -> long: the window
+#          bound matters)
+RANKED = [Req("a", 0.0, 100.0), Req("b", 1.0, 300.0), Req("c", 2.0, 200.0), Req("d", 3.0, 400.0),
+          Req("e", 4.0, 150.0), Req("f", 5.0, 350.0), Req("g", 6.0, None), Req("h", 7.0, 500.0),
+          Req("i", 8.0, 450.0)]
+# Drained at now = 10 with hold-back 0.5: the long head (arrival L) goes before the short head (arrival s) iff
+# L + 0.5 x (10 - min(L, s)) < s.
+#   d vs a/b/c: 3 + 0.5 x (10 - 0|1|2) = 8 | 7.5 | 7, all later than 0 | 1 | 2 -> a, b, c
+#   d vs e/f/g: 3 + 0.5 x (10 - 3) = 6.5, later than 4, 5, 6 -> e, f, g;  d vs i: 6.5 < 8 -> d
+#   h vs i: 7 + 0.5 x (10 - 7) = 8.5, later than 8 -> i, then h
+RANKED_ORDER = ["a", "b", "c", "e", "f", "g", "d", "i", "h"]
+
+
+def ranked(**kwargs) -> SchedulingConfig:
+    return tail_safe(**{"long_holdback": 0.5, "long_class_share": 0.25, "rank_window": 4, **kwargs})
+
+
+def test_recent_predictions_threshold_is_the_top_share_of_a_bounded_window():
+    recent = RecentPredictions(ranked())
+    thresholds = []
+    for value in (100.0, 300.0, 200.0, 400.0, 150.0, 350.0, 500.0, 450.0):
+        recent.add(value)
+        thresholds.append(recent.long_threshold())
+    assert thresholds == [math.inf] * 3 + [400.0, 400.0, 400.0, 500.0, 500.0]
+    wide = RecentPredictions(ranked(rank_window=8))
+    for value in (100.0, 300.0, 200.0, 400.0, 150.0, 350.0, 500.0, 450.0):
+        wide.add(value)
+    assert wide.long_threshold() == 450.0  # top floor(0.25 x 8) = 2
+
+
+def test_tail_safe_ranks_timeline_by_hand():
+    queue = create_request_queue(QueuePolicy.TAIL_SAFE_RANKS, ranked())
+    assert isinstance(queue, RankTailSafeRequestQueue)
+    for request in RANKED:
+        queue.add_request(request)
+    assert [r.name for r in queue] == [r.name for r in admission_order(RANKED, QueuePolicy.TAIL_SAFE_RANKS, ranked(),
+                                                                       now=8.0)]
+    assert drain(queue, now=10.0) == RANKED_ORDER
+    assert [r.name for r in admission_order(RANKED, QueuePolicy.TAIL_SAFE_RANKS, ranked(), now=10.0)] == RANKED_ORDER
+    # the fixed split at 800 puts all nine in the short class: FCFS, what tail-safe is for learned predictions
+    assert [r.name for r in admission_order(RANKED, QueuePolicy.TAIL_SAFE, ranked(), now=10.0)] == list("abcdefghi")
+    # an unbounded window (n = 8 at i) makes i long too: i then waits for d and h
+    assert [r.name for r in admission_order(RANKED, QueuePolicy.TAIL_SAFE_RANKS, ranked(rank_window=100), now=10.0)] \
+        == ["a", "b", "c", "e", "f", "g", "d", "h", "i"]
+
+
+def test_longest_predicted_first_timeline_by_hand():
+    config = SchedulingConfig(prior_output_len=100, aging_tokens_per_s=10.0)  # longest-first reads no aging
+    requests = [Req("a", 0.0, 300.0), Req("unknown-b", 1.0, None), Req("c", 2.0, 900.0), Req("d", 3.0, 900.0),
+                Req("nearly-done-e", 4.0, 500.0, num_generated_tokens=450)]
+    # remaining: a 300, b the prior 100, c 900, d 900 (tie: c arrived first), e 500 - 450 = 50
+    expected = ["c", "d", "a", "unknown-b", "nearly-done-e"]
+    queue = create_request_queue(QueuePolicy.LONGEST_FIRST, config)
+    assert isinstance(queue, LongestFirstRequestQueue)
+    for request in requests:
+        queue.add_request(request)
+    assert [r.name for r in queue] == expected and queue.peek_request(9.0).name == "c"
+    assert drain(queue, now=1000.0) == expected  # waiting changes nothing: no aging
+    assert [r.name for r in admission_order(requests, QueuePolicy.LONGEST_FIRST, config)] == expected
+
+
 def test_tail_safe_bound_holds_for_random_requests():
     rng = random.Random(7)
     config = tail_safe(long_holdback=0.3)
@@ -271,6 +345,28 @@ def test_tail_safe_bound_holds_for_random_requests():
                 assert other.arrival_time - request.arrival_time < window + 1e-9
 
 
+def reference_rank_classes(requests, config):
+    """tail-safe-ranks' classes written independently of RecentPredictions: for each request in list order, its
+    predicted remaining length against the floor(share x n)-th largest of the last rank_window predictions (its own
+    included; no prediction: the prior, recorded nowhere), the window sorted afresh each time."""
+    seen, classes = [], []
+    for r in requests:
+        remaining = predicted_remaining(r.predicted_output_len, r.num_generated_tokens, config.prior_output_len)
+        if r.predicted_output_len is not None:
+            seen.append(remaining)
+        window = sorted(seen[-config.rank_window:], reverse=True)
+        top = int(config.long_class_share * len(window))
+        classes.append(top > 0 and remaining >= window[top - 1])
+    return classes
+
+
+def reference_classes(requests, policy, config):
+    """The tail-safe orders' classes, one bool per request: ranked, or at the fixed long_output_len."""
+    if policy is QueuePolicy.TAIL_SAFE_RANKS:
+        return reference_rank_classes(requests, config)
+    return [is_predicted_long(r.predicted_output_len, r.num_generated_tokens, config) for r in requests]
+
+
 def brute_force_order(requests, policy, config, now):
     """Reference orders written independently of the queues: a stable sort, or for tail-safe the
     request with the smallest key picked one at a time, the head-of-line age taken over what is left."""
@@ -279,12 +375,14 @@ def brute_force_order(requests, policy, config, now):
     if policy is QueuePolicy.SJF:
         return sorted(requests, key=lambda r: sjf_sort_key(r.predicted_output_len, r.num_generated_tokens,
                                                            r.arrival_time, config))
+    if policy is QueuePolicy.LONGEST_FIRST:
+        return sorted(requests, key=lambda r: (-predicted_remaining(r.predicted_output_len, r.num_generated_tokens,
+                                                                    config.prior_output_len), r.arrival_time))
+    long = {id(r): is_long for r, is_long in zip(requests, reference_classes(requests, policy, config))}
     left, order = list(requests), []
     while left:
         age = now - min(r.arrival_time for r in left)
-        best = min(left, key=lambda r: tail_safe_sort_key(
-            predicted_remaining(r.predicted_output_len, 0, config.prior_output_len) >= config.long_output_len,
-            r.arrival_time, age, config))
+        best = min(left, key=lambda r: tail_safe_sort_key(long[id(r)], r.arrival_time, age, config))
         left.remove(best)
         order.append(best)
     return order
@@ -295,10 +393,10 @@ def test_admission_order_matches_an_independent_reference(policy):
     rng = random.Random(3)
     # distinct arrival times, so that the reference needs no tie rule
     requests = [Req(str(i), rng.uniform(0, 30), rng.choice([None, 20.0, 900.0, 3000.0])) for i in range(40)]
-    config = tail_safe(long_holdback=0.4, aging_tokens_per_s=0.0)
+    config = tail_safe(long_holdback=0.4, aging_tokens_per_s=0.0, rank_window=10)
     expected = [r.name for r in brute_force_order(requests, policy, config, now=45.0)]
     assert [r.name for r in admission_order(requests, policy, config, now=45.0)] == expected
-    if policy is QueuePolicy.TAIL_SAFE:
+    if policy in (QueuePolicy.TAIL_SAFE, QueuePolicy.TAIL_SAFE_RANKS):
         assert expected != [r.name for r in sorted(requests, key=lambda r: r.arrival_time)]  # the hold-back acts
 
 
@@ -406,7 +504,8 @@ def test_admission_order_equals_the_queue_it_stands_for(policy):
         # coarse arrival times and a few predictions: many exact ties, which the order must break as the queue does
         requests = [Req(f"{trial}-{i}", float(rng.randint(0, 20)), rng.choice([None, 20.0, 300.0, 900.0, 3000.0]),
                         rng.choice([0, 0, 50, 400])) for i in range(n)]
-        config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 2.0]), aging_tokens_per_s=rng.choice([0.0, 10.0]))
+        config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 2.0]), aging_tokens_per_s=rng.choice([0.0, 10.0]),
+                           long_class_share=rng.choice([0.2, 0.5]), rank_window=rng.choice([3, 10, 1000]))
         now = rng.uniform(20, 60)
         assert admission_order(requests, policy, config, now) == queue_order(requests, policy, config, now)
 
@@ -415,13 +514,11 @@ def reference_admission_order(requests, policy, config, now):
     """The admission order as first written (every key from the fields, a head-against-head merge), kept as the reference."""
     if policy is QueuePolicy.FCFS:
         return list(requests)
-    if policy is QueuePolicy.SJF:
-        return sorted(requests, key=lambda r: sjf_sort_key(
-            r.predicted_output_len, r.num_generated_tokens, r.arrival_time, config))
-    short = sorted((r for r in requests if not is_predicted_long(r.predicted_output_len, r.num_generated_tokens, config)),
-                   key=lambda r: r.arrival_time)
-    long = sorted((r for r in requests if is_predicted_long(r.predicted_output_len, r.num_generated_tokens, config)),
-                  key=lambda r: r.arrival_time)
+    if policy in (QueuePolicy.SJF, QueuePolicy.LONGEST_FIRST):
+        return brute_force_order(requests, policy, config, now)  # stable sorts: exact ties in list order
+    classes = reference_classes(requests, policy, config)
+    short = sorted((r for r, is_long in zip(requests, classes) if not is_long), key=lambda r: r.arrival_time)
+    long = sorted((r for r, is_long in zip(requests, classes) if is_long), key=lambda r: r.arrival_time)
     order, i, j = [], 0, 0
     while i < len(short) and j < len(long):
         age = now - min(long[j].arrival_time, short[i].arrival_time)
@@ -446,7 +543,8 @@ def test_admission_order_equals_the_reference_on_large_queues(policy):
                         rng.choice([None, rng.uniform(900, 4000) if rng.random() < long_share else rng.uniform(1, 700)]),
                         rng.choice([0, 0, 30])) for i in range(n)]
         config = tail_safe(long_holdback=rng.choice([0.0, 0.05, 0.4, 1.0, 2.0]),
-                           aging_tokens_per_s=rng.choice([0.0, 10.0]))
+                           aging_tokens_per_s=rng.choice([0.0, 10.0]), long_class_share=rng.choice([0.02, 0.2, 0.6]),
+                           rank_window=rng.choice([1, 50, 1000]))
         if offset < 0:
             requests[0].arrival_time = -0.0
         latest = max(r.arrival_time for r in requests)

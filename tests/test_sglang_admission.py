@@ -25,6 +25,7 @@ pytest.importorskip("sglang", reason="SGLang tests run in the serve environment 
 
 from specforge_outlets.scheduling import (  # noqa: E402
     KVRequest,
+    LengthPrediction,
     OutputLengthHistory,
     PeakAdmission,
     SchedulingConfig,
@@ -37,6 +38,7 @@ from specforge_outlets.simulation import sglang_admission  # noqa: E402
 from specforge_outlets.simulation.cluster import cluster_config_from_dict  # noqa: E402
 from specforge_outlets.simulation.engine import Policy, Simulation  # noqa: E402
 from specforge_outlets.simulation.schedulers import SGLangColocatedScheduler, Scheduler  # noqa: E402
+from specforge_outlets.simulation.schedulers.base import predicted_output_len  # noqa: E402
 from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy  # noqa: E402
 
 CAPACITY = 6000  # KV tokens of the simulated instance and of SGLang's allocator
@@ -210,7 +212,14 @@ def sglang_retraction(pools, running: List[Held], capacity: int = CAPACITY) -> T
 def held_of(engine: Scheduler, request) -> Held:
     generated = (1 + engine.steps_done - request.join_step) if request.index in engine.running else request.num_generated_tokens
     return Held(str(request.index), request.input_len, generated, engine._max_new_tokens(request),
-                request.predicted_output_len_at(generated), request.arrival_time, request.retractions)
+                predicted_output_len(request.prediction_at(generated)), request.arrival_time, request.retractions)
+
+
+def held_prediction(held: Held) -> Optional[LengthPrediction]:
+    """A held request's prediction as the simulator's request carries it (None: not predicted)."""
+    if held.predicted_output_len is None:
+        return None
+    return LengthPrediction.of_total(held.predicted_output_len, "external")
 
 
 def pop_order(queue, now: float) -> list:
@@ -403,7 +412,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
     engine.steps_done = 10_000
     for held in running:
         # asks max(1, output) = max_new
-        request = SimRequest(int(held.rid), held.arrival, held.prompt, held.max_new, held.predicted_output_len, 0)
+        request = SimRequest(int(held.rid), held.arrival, held.prompt, held.max_new, held_prediction(held), 0)
         request.reveal_prediction()
         request.retractions = held.retractions
         request.join_step = engine.steps_done - (held.generated - 1)
@@ -411,7 +420,7 @@ def engine_in_state(capacity: int, running: List[Held], waiting: List[Held], rat
         engine.running[request.index] = request
         engine.kv_tokens += held.prompt + held.generated
     for held in waiting:
-        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, held.predicted_output_len, 0)
+        request = SimRequest(int(held.rid), 0.0, held.prompt, held.max_new, held_prediction(held), 0)
         request.reveal_prediction()
         request.num_generated_tokens = held.generated  # retracted after this many, if any
         request.retractions = int(held.generated > 0)

@@ -7,6 +7,7 @@ classes or on stand-in requests.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import time
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang tests run in the serve environment (make test)")
 
 from specforge_outlets.scheduling import (  # noqa: E402
-    KVAdmission, PeakAdmission, QueuePolicy, SchedulingConfig, admission_order, aging_window_s,
+    KVAdmission, PeakAdmission, QueuePolicy, SchedulingConfig, admission_order, aging_window_s, create_request_queue,
 )
 from sglang_patches import (  # noqa: E402
     customized_info, key_tables, kv_admission, meta_info, order_keys, ordering, predictions as P, routing, speculative,
@@ -27,8 +28,8 @@ from sglang_patches.client_predictions import assign_external_prediction  # noqa
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
 from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR,
-    KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_LONG_CLASS_SHARE, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS,
+    ENV_ORDER, ENV_PRIOR, ENV_RANK_WINDOW, KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
 )
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
@@ -146,8 +147,27 @@ def test_bad_settings_are_refused(monkeypatch):
             read_settings()
     monkeypatch.delenv(ENV_MAX_RETRACTIONS)
     monkeypatch.setenv(ENV_ORDER, "fcfs")
-    with pytest.raises(OutletsSettingsError, match=r"--outlets-order.*'fcfs': choose one of tail-safe, sjf"):
+    with pytest.raises(OutletsSettingsError, match=r"--outlets-order.*'fcfs': choose one of tail-safe, sjf, "
+                                                   r"tail-safe-ranks, longest-predicted-first$"):
         read_settings()
+    monkeypatch.setenv(ENV_ORDER, "tail-safe")
+    for name, value in ((ENV_LONG_CLASS_SHARE, "0.3"), (ENV_RANK_WINDOW, "50")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(OutletsSettingsError, match=rf"^{name} \(--outlets-.*\) sets the tail-safe-ranks order's "
+                                                       "long class, but the order is tail-safe"):
+            read_settings()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(ENV_ORDER, "tail-safe-ranks")
+    for name, value, message in ((ENV_LONG_CLASS_SHARE, "1", "long_class_share must be strictly between 0 and 1"),
+                                 (ENV_RANK_WINDOW, "0", "rank_window must be a positive integer"),
+                                 (ENV_RANK_WINDOW, "2.5", "is not an integer")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(OutletsSettingsError, match=message):
+            read_settings()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(ENV_LONG_CLASS_SHARE, "0.3")
+    monkeypatch.setenv(ENV_RANK_WINDOW, "50")
+    assert read_settings().scheduling == SchedulingConfig(long_class_share=0.3, rank_window=50)
 
 
 def test_default_order_is_tail_safe():
@@ -197,8 +217,83 @@ def test_outlets_policy_sjf_sorts_by_predicted_remaining_with_ties_by_arrival(pl
     assert [r.rid for r in queue] == ["d", "b", "e", "c", "a"]
 
 
+@pytest.fixture
+def no_key_tables(monkeypatch):
+    """No order keys (nor a tail-safe-ranks window) left from another test."""
+    monkeypatch.setattr(state.PLUGIN, "key_tables", {})
+    monkeypatch.setattr(state.PLUGIN, "order_keys", None)
+
+
+def test_outlets_policy_tail_safe_ranks_by_hand(plugins_loaded, monkeypatch, no_key_tables):
+    """tests/test_scheduling.py's RANKED timeline (the arithmetic is there): the plugin's sort admits as the core."""
+    from tests.test_scheduling import RANKED, RANKED_ORDER
+
+    for name, value in ((ENV_ORDER, "tail-safe-ranks"), (ENV_LONG_HOLDBACK, "0.5"), (ENV_LONG_CLASS_SHARE, "0.25"),
+                        (ENV_RANK_WINDOW, "4"), (ENV_PRIOR, "100")):
+        monkeypatch.setenv(name, value)
+    state.reset_settings()
+    monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: 10.0))
+    policy = make_policy("outlets")
+    queue = [request(r.name, r.predicted_output_len, arrival=r.arrival_time) for r in RANKED]
+    policy.calc_priority(queue)
+    assert [r.rid for r in queue] == RANKED_ORDER  # d and h (ranked long) held back; all are below 800
+
+
+def test_outlets_policy_longest_predicted_first_by_hand(plugins_loaded, monkeypatch, no_key_tables):
+    monkeypatch.setenv(ENV_ORDER, "longest-predicted-first")
+    state.reset_settings()
+    policy = make_policy("outlets")
+    queue = [request("a", 300, arrival=0.0), request("unknown-b", None, arrival=1.0), request("c", 900, arrival=2.0),
+             request("d", 900, arrival=3.0), request("nearly-done-e", 500, arrival=4.0, generated=450)]
+    policy.calc_priority(queue)
+    # remaining: c and d 900 (c arrived first), a 300, b the prior (256), e 50
+    assert [r.rid for r in queue] == ["c", "d", "a", "unknown-b", "nearly-done-e"]
+
+
+def test_tail_safe_ranks_plugin_order_equals_the_core_queue_over_many_rounds(plugins_loaded, monkeypatch,
+                                                                            no_key_tables):
+    """The window and each request's class outlive the rounds as in the core's queue: arrivals, admissions and
+    retracted requests coming back with more tokens (each a new entry in the window)."""
+    for name, value in ((ENV_ORDER, "tail-safe-ranks"), (ENV_LONG_HOLDBACK, "0.3"), (ENV_RANK_WINDOW, "40")):
+        monkeypatch.setenv(name, value)
+    state.reset_settings()
+    config = state.settings().scheduling
+    core = create_request_queue(QueuePolicy.TAIL_SAFE_RANKS, config)
+    rng = random.Random(5)
+    clock = [1000.0]
+    monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    queue, admitted, count, long_seen = [], [], 0, 0
+    for _ in range(60):
+        clock[0] += rng.uniform(0, 2)
+        joining = [real_request(str(count + i), rng.choice([None, rng.uniform(1, 700)]),
+                                arrival=clock[0] - rng.uniform(0, 3)) for i in range(rng.randint(0, 12))]
+        count += len(joining)
+        for req in rng.sample(admitted, k=min(2, len(admitted))):  # retracted: back with more tokens, new keys
+            admitted.remove(req)
+            req.output_ids.extend([0] * rng.randint(1, 300))
+            req.reset_for_retract()
+            joining.append(req)
+        for req in joining:  # SGLang appends to its waiting list
+            queue.append(req)
+            core.add_request(fresh_view(req))
+        expected = [view.rid for view in drain_core(copy.deepcopy(core), clock[0])]
+        ordering.sort_waiting(queue, config)
+        assert [r.rid for r in queue] == expected
+        long_seen += sum(state.PLUGIN.key_tables[config].rank_long[r] for r in queue)
+        taken = rng.randint(0, 8)
+        for _ in range(min(taken, len(queue))):
+            core.pop_request(clock[0])
+        admitted += queue[:taken]
+        del queue[:taken]
+    assert long_seen > 0  # predictions all below 800: only the ranks make a long class
+
+
+def drain_core(queue, now):
+    return [queue.pop_request(now) for _ in range(len(queue))]
+
+
 @pytest.mark.parametrize("slack", [None, 5])
-@pytest.mark.parametrize("order", ["sjf", "tail-safe"])
+@pytest.mark.parametrize("order", ["sjf", "tail-safe", "longest-predicted-first"])
 def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, monkeypatch, order, slack):
     """Cached keys never go stale: new arrivals, admissions, late predictions, retractions; the table stays bounded."""
     if slack is not None:  # the key table is cut back to the queue almost every round
@@ -231,19 +326,20 @@ def test_cached_keys_order_as_keys_read_afresh_over_many_rounds(plugins_loaded, 
         ordering.sort_waiting(queue, config)
         assert [r.rid for r in queue] == expected
         table = state.PLUGIN.key_tables[config]
-        longest = max(map(len, (table.sjf, table.long, table.merge, table.arrival)))
+        longest = max(map(len, (table.sjf, table.longest, table.long, table.merge, table.arrival)))
         assert longest <= len(queue) + key_tables.KEY_TABLE_SLACK
         del queue[:rng.randint(0, 10)]  # admitted
 
 
-@pytest.mark.parametrize("order", ["sjf", "tail-safe"])
+@pytest.mark.parametrize("order", ["sjf", "tail-safe", "longest-predicted-first"])
 def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monkeypatch, order):
     monkeypatch.setenv(ENV_ORDER, order)
     monkeypatch.setenv(ENV_AGING, "0")
     state.reset_settings()
     config = state.settings().scheduling
     calls = []
-    key = "sjf_sort_key" if order == "sjf" else "is_predicted_long"  # the keys each order computes
+    key = {"sjf": "sjf_sort_key", "tail-safe": "is_predicted_long",  # the keys each order computes
+           "longest-predicted-first": "longest_first_sort_key"}[order]
     real = getattr(order_keys, key)
     monkeypatch.setattr(order_keys, key, lambda *args: calls.append(args) or real(*args))
     monkeypatch.setattr(ordering, "time", SimpleNamespace(monotonic=lambda: 300.0))
@@ -255,7 +351,7 @@ def test_keys_are_computed_once_per_request_while_it_waits(plugins_loaded, monke
     ordering.sort_waiting(queue, config)
     assert len(calls) == 201
     # sjf: the shortest first; tail-safe: all but the new one are long, so the oldest is held back
-    # by 5% of its 300 s wait, less than "new" arrived after it
+    # by 5% of its 300 s wait, less than "new" arrived after it; longest-first: the longest, "0"
     assert queue[0].rid == ("new" if order == "sjf" else "0")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from specforge_outlets.cli import main
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
+from specforge_outlets.scheduling import LengthPrediction, QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
 from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_from_dict, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
@@ -55,6 +55,11 @@ def simulate(*args, **kwargs):
 
 # A long request, then a medium and a short one that both wait behind it on one decode slot.
 # Prefill: A alone 0-1 s, then B and C in one batch 1-2 s. A decodes 10 steps, 1-11 s.
+def external(predicted_output_len):
+    """A prediction that came with the request (a SimRequest's r̂_0 in these tests)."""
+    return LengthPrediction.of_total(predicted_output_len, "external")
+
+
 THREE = make_trace([(0.0, 50, 11), (0.1, 50, 6), (0.2, 50, 2)])
 
 
@@ -254,6 +259,29 @@ def test_tail_safe_timeline_on_one_decode_slot(unit_steps, holdback, finish_time
     # within the hold-back window (0.5 x 10.9 = 5.45 s: yes; 0.005 x 10.9 = 0.0545 s: no).
     result = simulate(THREE, pd_cluster(max_running_requests=1), queue="tail-safe",
                       long_output_len=5, long_holdback=holdback)
+    assert result.finish_times.tolist() == pytest.approx(finish_times)
+
+
+# A blocks the one decode slot 1-11 s; B (2 tokens) and C (6 tokens) wait for it in the decode queue.
+BATCH = make_trace([(0.0, 50, 11), (0.1, 50, 2), (0.2, 50, 6)])
+
+
+def test_longest_predicted_first_timeline_on_one_decode_slot(unit_steps):
+    # At 11 s B has 1 token left, C 5: C 11-16 s, then B 16-17 s (FCFS: B 11-12 s, C 12-17 s).
+    result = simulate(BATCH, pd_cluster(max_running_requests=1), queue="longest-predicted-first")
+    assert result.finish_times.tolist() == pytest.approx([11.0, 17.0, 16.0])
+    assert simulate(BATCH, pd_cluster(max_running_requests=1)).finish_times.tolist() == pytest.approx([11.0, 12.0, 17.0])
+
+
+@pytest.mark.parametrize("queue, finish_times", [("tail-safe-ranks", [11.0, 17.0, 12.0]), ("tail-safe", [11.0, 16.0, 17.0])])
+def test_tail_safe_ranks_timeline_on_one_decode_slot(unit_steps, queue, finish_times):
+    # Predictions 1, 6, 2 (A's is wrong: it runs 11), all far below the fixed 800. The decode queue's window
+    # (share 0.5 of the last 2) sees the remaining lengths as each joins, one token generated at prefill:
+    # A max(1 - 1, 1) = 1: one prediction, floor(0.5 x 1) = 0 -> short; B 5: window [1 5], top 1 = 5 -> long;
+    # C 1: window [5 1] -> 5 -> short. At 11 s B has waited 10.9 s and C arrived 0.1 s after it, within
+    # 0.5 x 10.9: C 11-12 s, B 12-17 s. Tail-safe's fixed 800 makes all short: FCFS.
+    result = simulate(THREE, pd_cluster(max_running_requests=1), queue=queue, predictions=[1.0, 6.0, 2.0],
+                      long_holdback=0.5, long_class_share=0.5, rank_window=2)
     assert result.finish_times.tolist() == pytest.approx(finish_times)
 
 
@@ -465,8 +493,9 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
     engine.steps_done = 10
     requests = {}
     for index, (predicted, arrival, retractions) in enumerate([(500, 0.0, 0), (900, 1.0, 2), (500, 2.0, 0), (100, 3.0, 0)]):
-        request = SimRequest(index, arrival, 10, 1000, predicted, 0)
-        request.predicted_output_len, request.join_step, request.retractions = predicted, 0, retractions
+        request = SimRequest(index, arrival, 10, 1000, external(predicted), 0)
+        request.reveal_prediction()
+        request.join_step, request.retractions = 0, retractions
         requests[index] = request
     engine.running = dict(requests)
     # 900 predicted has the most left but was retracted twice already; of the two 500s the later
@@ -481,15 +510,17 @@ def test_retraction_victim_is_the_longest_predicted_remaining_under_the_retracti
 def test_a_dynamic_prediction_is_the_latest_estimate_counting_its_token():
     from specforge_outlets.simulation.request import SimRequest
 
-    request = SimRequest(0, 0.0, 10, 6, 50.0, 0, trajectory=np.array([50.0, 20.0, 4.0]))
-    assert request.predicted_output_len_at(3) is None  # not revealed yet: the prediction point has not come
-    request.predicted_output_len = request.unrevealed_predicted_output_len
-    assert request.predicted_output_len_at(0) == 50.0  # no token yet: the prediction made at the prediction point
-    assert [request.predicted_output_len_at(k) for k in (1, 2, 3)] == [50.0, 1 + 20.0, 2 + 4.0]
-    assert request.predicted_output_len_at(9) == 2 + 4.0  # past the trajectory: its last estimate
-    static = SimRequest(1, 0.0, 10, 6, 50.0, 0)
-    static.predicted_output_len = 50.0
-    assert static.predicted_output_len_at(3) == 50.0
+    request = SimRequest(0, 0.0, 10, 6, external(50.0), 0, trajectory=np.array([50.0, 20.0, 4.0]))
+    assert request.prediction_at(3) is None  # not revealed yet: the prediction point has not come
+    request.reveal_prediction()
+    assert request.prediction_at(0) is request.prediction  # no token yet: the prediction made at the prediction point
+    totals = [request.prediction_at(k).predicted_output_len for k in (1, 2, 3)]
+    assert totals == [50.0, 1 + 20.0, 2 + 4.0]
+    assert request.prediction_at(9).predicted_output_len == 2 + 4.0  # past the trajectory: its last estimate
+    assert request.prediction_at(3).remaining(3) == 3.0  # 2 + 4 in all, 3 generated
+    static = SimRequest(1, 0.0, 10, 6, external(50.0), 0)
+    static.reveal_prediction()
+    assert static.prediction_at(3) is static.prediction
 
 
 def test_routing_follows_the_latest_estimate_of_the_running_requests(unit_steps):
@@ -520,10 +551,11 @@ def test_retraction_reads_the_latest_estimate():
                      SchedulingConfig(), trajectories=[None] * 3)
     engine = sim.engines[0]
     engine.steps_done = 10
-    early_high = SimRequest(0, 0.0, 10, 1000, 900.0, 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
-    steady = SimRequest(1, 1.0, 10, 1000, 300.0, 0)
+    early_high = SimRequest(0, 0.0, 10, 1000, external(900.0), 0, trajectory=np.full(1000, 5.0))  # now expects 5 more
+    steady = SimRequest(1, 1.0, 10, 1000, external(300.0), 0)
     for request in (early_high, steady):
-        request.predicted_output_len, request.join_step = request.unrevealed_predicted_output_len, 0
+        request.reveal_prediction()
+        request.join_step = 0
     engine.running = {0: early_high, 1: steady}
     assert engine._retraction_victim().index == 1  # 300 - 11 left beats 10 + 5 - 11; statically 0 would go
 
@@ -581,7 +613,8 @@ def test_file_dynamic_needs_a_trajectory_for_every_trace_request(tmp_path):
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 @pytest.mark.parametrize("routing", ["round-robin", "least-requests", "least-predicted-work", "total-tokens",
                                      "power-of-two"])
-@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"])
+@pytest.mark.parametrize("queue", ["fcfs", "sjf", "tail-safe", "tail-safe-ranks", "longest-predicted-first",
+                                   "shortest-prefill-first", "lof", "hrrn"])
 @pytest.mark.parametrize("kv_admission", ["max-new-tokens", "predicted"])
 def test_every_request_finishes_in_order_of_its_stages(mode, routing, queue, kv_admission):
     lengths = make_trace([(0.0, 1 + i * 37 % 3000, 1 + i * 53 % 900) for i in range(200)])
@@ -665,7 +698,8 @@ def test_sglang_shortest_prefill_first_orders_by_prompt_length_whatever_the_outp
     # the first request is alone and starts at once; then 20 < 290 < 300 tokens: 3, 2, 1 (FCFS: 1, 2, 3)
     assert first_tokens[3] < first_tokens[2] < first_tokens[1]
     assert fcfs.first_token_times[1] < fcfs.first_token_times[2] < fcfs.first_token_times[3]
-    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, shortest-prefill-first, lof, hrrn"):
+    with pytest.raises(ValueError, match="unknown queue order 'lpm'; one of fcfs, sjf, tail-safe, tail-safe-ranks, "
+                                         "longest-predicted-first, shortest-prefill-first, lof, hrrn"):
         queue_policy("lpm")
 
 
@@ -697,8 +731,9 @@ def test_a_retracted_request_waits_with_its_latest_estimate():
                      SchedulingConfig(), trajectories=[None] * 3)
     engine = sim.engines[0]
     engine.steps_done = 10
-    request = SimRequest(0, 0.0, 10, 100, 900.0, 0, trajectory=np.full(100, 7.0))
-    request.predicted_output_len, request.join_step, request.reservation = 900.0, 0, 0
+    request = SimRequest(0, 0.0, 10, 100, external(900.0), 0, trajectory=np.full(100, 7.0))
+    request.reveal_prediction()
+    request.join_step, request.reservation = 0, 0
     engine.running, engine.kv_tokens = {0: request}, 21
     engine._retract(0.0, request)
     assert request.predicted_output_len == 10 + 7.0  # 11 generated: the estimate at token 11, not r̂_0

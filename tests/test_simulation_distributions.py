@@ -113,12 +113,14 @@ def test_dynamic_quantiles_are_re_read_after_each_token_like_the_trajectory(unit
     sim = simulation(trace, pd_cluster(kv_admission="quantile"), predictions=[4.0], quantiles=[static],
                      quantile_trajectories=[steps], trajectories=[np.array([4.0, 4.0, 3.0])])
     request = sim.requests[0]
-    assert request.predicted_output_quantiles_at(1) is None  # not revealed yet
+    assert request.prediction_at(1) is None  # not revealed yet
     request.reveal_prediction()
-    assert request.predicted_output_quantiles_at(1) == static  # the first token: the prediction
-    assert request.predicted_output_quantiles_at(2) == (5.0, 5.0, 6.0, 7.0, 8.0)  # read at token 2: 1 + entry 1
-    assert request.predicted_output_quantiles_at(3) == (4.0, 4.0, 5.0, 5.0, 11.0)
-    assert request.predicted_output_quantiles_at(10) == (4.0, 4.0, 5.0, 5.0, 11.0)  # past the end: the last entry
+    quantiles_at = lambda generated: request.prediction_at(generated).predicted_output_quantiles  # noqa: E731
+    assert quantiles_at(1) == static  # the first token: the prediction
+    assert quantiles_at(2) == (5.0, 5.0, 6.0, 7.0, 8.0)  # read at token 2: 1 + entry 1
+    assert quantiles_at(3) == (4.0, 4.0, 5.0, 5.0, 11.0)
+    assert quantiles_at(10) == (4.0, 4.0, 5.0, 5.0, 11.0)  # past the end: the last entry
+    assert request.prediction_at(3).remaining_quantiles(3) == (1.0, 1.0, 2.0, 2.0, 8.0)
     assert sim.dynamic
     assert np.isfinite(sim.run().finish_times).all()
 

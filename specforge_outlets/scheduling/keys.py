@@ -11,6 +11,11 @@ window that grows with that request's own wait, so that its delay stays within a
 its FCFS delay and neither class's tail moves far from FCFS; how much of SJF's gain it keeps is set
 by one fraction (docs/serving.md).
 
+Longest-predicted-first (:func:`longest_first_sort_key`) is the opposite order, for the makespan of an offline
+batch rather than latency: the predicted stragglers start first. The ranked tail-safe order
+(``tail-safe-ranks``, :mod:`.prediction_ranks`) is the tail-safe key with its long class read from the ranks of
+recent predictions instead of the fixed ``long_output_len``.
+
 Aging bound (SJF). The key of a request that arrived at ``a`` with predicted remaining length ``R`` is
 ``R + rate * a`` (``rate`` = aging tokens per second). Subtracting ``rate * now`` from every key
 gives "remaining length minus credit for time waited"; the term is common to all requests, so the
@@ -70,6 +75,16 @@ DEFAULT_LONG_OUTPUT_LEN = 800.0
 # run (0.1 reached 1.06); no request starves below 20x overload.
 DEFAULT_LONG_HOLDBACK = 0.05
 
+# tail-safe-ranks: the share of recent predictions that forms the long class. 0.2, the top fifth: few enough that the
+# hold-back touches a minority of requests, many enough to hold a trace's stragglers; not tuned (issue 45's map sets
+# defaults). A window needs 1 / share predictions (5) before any request is long.
+DEFAULT_LONG_CLASS_SHARE = 0.2
+
+# tail-safe-ranks: how many recent predictions the long-class threshold is read from. 1000 is about 25 s of arrivals
+# at 40 rps per instance: long enough that one burst of long prompts does not move the threshold much, short enough
+# that it follows a change of traffic within a minute.
+DEFAULT_RANK_WINDOW = 1000
+
 # Retractions per request before KV pressure retracts others first: a request retracted this often
 # is kept while any other running request can go, so it cannot be retracted over and over.
 DEFAULT_MAX_RETRACTIONS = 2
@@ -121,6 +136,8 @@ class SchedulingConfig:
     long_class_quantile: Optional[float] = None
     # levels of a request's predicted_output_quantiles (total-length tokens, one per level)
     quantile_levels: Tuple[float, ...] = DEFAULT_QUANTILE_LEVELS
+    long_class_share: float = DEFAULT_LONG_CLASS_SHARE  # tail-safe-ranks: top share of recent predictions = long
+    rank_window: int = DEFAULT_RANK_WINDOW  # tail-safe-ranks: recent predictions the share is read from
 
     def __post_init__(self) -> None:
         if not (self.prior_output_len > 0 and math.isfinite(self.prior_output_len)):
@@ -151,6 +168,10 @@ class SchedulingConfig:
         except ValueError as error:
             raise ValueError(f"quantile_levels: {error}") from None
         object.__setattr__(self, "quantile_levels", tuple(float(level) for level in levels))
+        if not 0 < self.long_class_share < 1:
+            raise ValueError(f"long_class_share must be strictly between 0 and 1, got {self.long_class_share!r}")
+        if isinstance(self.rank_window, bool) or not isinstance(self.rank_window, int) or self.rank_window < 1:
+            raise ValueError(f"rank_window must be a positive integer, got {self.rank_window!r}")
 
     @property
     def uses_distribution(self) -> bool:
@@ -227,6 +248,17 @@ def sjf_sort_key(
         distribution = request_distribution(predicted_output_len, predicted_output_quantiles, config)
         remaining = distribution_order_value(distribution, num_generated_tokens, prompt_len, config)
     return remaining + config.aging_tokens_per_s * arrival_time, arrival_time
+
+
+def longest_first_sort_key(
+    predicted_output_len: Optional[float], num_generated_tokens: int, arrival_time: float, config: SchedulingConfig
+) -> Tuple[float, float]:
+    """Ascending sort key of longest-predicted-first: the longest predicted remaining length first, ties by arrival.
+
+    For the makespan of an offline batch: a straggler started last sets the end, so the requests predicted to
+    run longest start first (LPT scheduling). No aging: in a finite batch every request is served anyway.
+    """
+    return -predicted_remaining(predicted_output_len, num_generated_tokens, config.prior_output_len), arrival_time
 
 
 def aging_window_s(remaining_tokens: float, config: SchedulingConfig) -> float:

@@ -365,7 +365,7 @@ class PeakAdmission(SGLangAdmission):
     def output_budget(self, request: KVRequest) -> Optional[int]:
         return 0  # charged nothing ahead: the peak is the gate
 
-    def predicted_total(self, request: KVRequest) -> float:
+    def predicted_output_len(self, request: KVRequest) -> float:
         """The request's predicted total output length, at most its ``max_new_tokens``."""
         generated, total = request.generated, None
         if request.ignore_eos:  # it runs to max_new_tokens whatever is predicted
@@ -383,7 +383,7 @@ class PeakAdmission(SGLangAdmission):
 
     def occupant(self, request: KVRequest, decoding: bool) -> Tuple[float, float]:
         """``(h, r)`` of :func:`future_peak`: the KV it holds once prefilled, and the decode steps it has left."""
-        steps = self.predicted_total(request) - request.generated - (0 if decoding else 1)
+        steps = self.predicted_output_len(request) - request.generated - (0 if decoding else 1)
         return request.held + request.extend, max(steps, 0.0)
 
     def open_round(self, state: CacheState) -> AdmissionRound:
@@ -422,8 +422,8 @@ class PastFutureAdmission(PeakAdmission):
 
     knobs = ()  # no quantiles read
 
-    def predicted_total(self, request: KVRequest) -> float:
-        return super().predicted_total(request._replace(predicted_output_len=None, predicted_output_quantiles=None))
+    def predicted_output_len(self, request: KVRequest) -> float:
+        return super().predicted_output_len(request._replace(predicted_output_len=None, predicted_output_quantiles=None))
 
 
 class DecodePreallocAdmission(Admission):

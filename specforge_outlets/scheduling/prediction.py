@@ -9,7 +9,7 @@ by one per token), so the order keys, retraction, KV admission and routing read 
 age from it (:meth:`LengthPrediction.remaining`) without a new prediction.
 
 Pure Python, as the rest of the scheduling core: the SGLang plugin keeps one on each ``Req``
-(``sglang_patches/predictions.py``) and the simulator's requests can hold the same object.
+(``sglang_patches/predictions.py``) and the simulator's requests (``simulation/request.py``) hold the same object.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Waiting queues of one serving instance: FCFS, shortest predicted remaining first, or tail-safe.
+"""Waiting queues of one serving instance: FCFS, shortest predicted remaining first, tail-safe (classes at a fixed
+length or from the ranks of recent predictions), or longest predicted first.
 
 Shaped like vLLM v1's ``request_queue.py``: a policy enum, an abstract queue, one small class per
 policy and a factory. Requests are any objects with the attributes of :class:`SchedulableRequest`
@@ -22,11 +23,13 @@ from specforge_outlets.scheduling.keys import (
     OrderKey,
     SchedulingConfig,
     is_predicted_long,
+    longest_first_sort_key,
     sjf_sort_key,
     short_merge_key,
     tail_safe_long_merge_keys,
     tail_safe_sort_key,
 )
+from specforge_outlets.scheduling.prediction_ranks import RecentPredictions
 
 
 class QueuePolicy(Enum):
@@ -35,6 +38,8 @@ class QueuePolicy(Enum):
     FCFS = "fcfs"
     SJF = "sjf"  # shortest predicted remaining first, linear aging
     TAIL_SAFE = "tail-safe"  # FCFS within predicted-length classes, bounded hold-back of the long class
+    TAIL_SAFE_RANKS = "tail-safe-ranks"  # tail-safe, the long class the top share of recent predictions
+    LONGEST_FIRST = "longest-predicted-first"  # longest predicted remaining first: offline batches' makespan
 
 
 class SchedulableRequest(Protocol):
@@ -70,6 +75,12 @@ def request_sjf_key(request: SchedulableRequest, config: SchedulingConfig) -> Tu
     return sjf_sort_key(request.predicted_output_len, request.num_generated_tokens, request.arrival_time, config,
                         request_quantiles(request),
                         request_prompt_len(request) if config.order_key is OrderKey.KV_FOOTPRINT else 0)
+
+
+def request_longest_first_key(request: SchedulableRequest, config: SchedulingConfig) -> Tuple[float, float]:
+    """:func:`longest_first_sort_key` of a request."""
+    return longest_first_sort_key(request.predicted_output_len, request.num_generated_tokens, request.arrival_time,
+                                  config)
 
 
 def request_is_long(request: SchedulableRequest, config: SchedulingConfig) -> bool:
@@ -133,21 +144,21 @@ class FCFSRequestQueue(RequestQueue):
         return iter(self._requests)
 
 
-class SJFRequestQueue(RequestQueue):
-    """Shortest aged predicted remaining length first (:func:`sjf_sort_key`), on a heap.
-
-    The key is computed once when the request is added: a waiting request generates no tokens
-    and the aging term is linear in arrival time, so its rank among the others cannot change.
-    """
+class SortKeyRequestQueue(RequestQueue):
+    """A heap by a sort key computed once, when a request is added: a waiting request generates no tokens, so its
+    key (or, with linear aging, its rank among the others) cannot change while it waits."""
 
     def __init__(self, config: SchedulingConfig) -> None:
         self._config = config
         self._heap: List[Tuple[Tuple[float, float], int, SchedulableRequest]] = []
         self._counter = itertools.count()  # insertion order breaks exact ties deterministically
 
+    @abstractmethod
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        """Ascending sort key of a request joining the queue."""
+
     def add_request(self, request: SchedulableRequest) -> None:
-        key = request_sjf_key(request, self._config)
-        heapq.heappush(self._heap, (key, next(self._counter), request))
+        heapq.heappush(self._heap, (self._key(request), next(self._counter), request))
 
     def pop_request(self, now: float) -> SchedulableRequest:
         return heapq.heappop(self._heap)[2]
@@ -160,6 +171,21 @@ class SJFRequestQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[SchedulableRequest]:
         return (entry[2] for entry in sorted(self._heap, key=lambda entry: entry[:2]))
+
+
+class SJFRequestQueue(SortKeyRequestQueue):
+    """Shortest aged predicted remaining length first (:func:`sjf_sort_key`); aging is linear in arrival time,
+    so the key is the request's for as long as it waits."""
+
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        return request_sjf_key(request, self._config)
+
+
+class LongestFirstRequestQueue(SortKeyRequestQueue):
+    """Longest predicted remaining length first (:func:`longest_first_sort_key`)."""
+
+    def _key(self, request: SchedulableRequest) -> Tuple[float, float]:
+        return request_longest_first_key(request, self._config)
 
 
 class TailSafeRequestQueue(RequestQueue):
@@ -177,8 +203,12 @@ class TailSafeRequestQueue(RequestQueue):
         self._counter = itertools.count()
 
     def add_request(self, request: SchedulableRequest) -> None:
-        long = request_is_long(request, self._config)
+        long = self._is_long(request)
         heapq.heappush(self._long if long else self._short, (request.arrival_time, next(self._counter), request))
+
+    def _is_long(self, request: SchedulableRequest) -> bool:
+        """The class of a request joining the queue (:func:`request_is_long`)."""
+        return request_is_long(request, self._config)
 
     def _next_class(self, now: float) -> List[Tuple[float, int, SchedulableRequest]]:
         if not self._long or not self._short:
@@ -196,9 +226,23 @@ class TailSafeRequestQueue(RequestQueue):
         return len(self._short) + len(self._long)
 
     def __iter__(self) -> Iterator[SchedulableRequest]:
-        """Admission order if everything were admitted now, at the latest arrival."""
+        """Admission order if everything were admitted now, at the latest arrival (by the classes given on entry)."""
         requests = [entry[2] for entry in sorted(self._short + self._long, key=lambda entry: entry[1])]
-        return iter(admission_order(requests, QueuePolicy.TAIL_SAFE, self._config))
+        long_requests = [entry[2] for entry in sorted(self._long, key=lambda entry: entry[1])]
+        return iter(_tail_safe_order(requests, RequestKeys(self._config), None, long_requests))
+
+
+class RankTailSafeRequestQueue(TailSafeRequestQueue):
+    """Tail-safe with the long class from the ranks of recent predictions (:class:`RecentPredictions`), not a fixed
+    length: a request is long when its predicted remaining length is among the top ``long_class_share`` of the last
+    ``rank_window`` predictions this queue received, its own included. Its class is fixed when it joins."""
+
+    def __init__(self, config: SchedulingConfig) -> None:
+        super().__init__(config)
+        self._recent = RecentPredictions(config)
+
+    def _is_long(self, request: SchedulableRequest) -> bool:
+        return self._recent.classify(request.predicted_output_len, request.num_generated_tokens, self._config)
 
 
 def _long_head_first(long_arrival: float, short_arrival: float, now: float, config: SchedulingConfig) -> bool:
@@ -218,11 +262,15 @@ def create_request_queue(policy: QueuePolicy, config: SchedulingConfig) -> Reque
         return SJFRequestQueue(config)
     if policy is QueuePolicy.TAIL_SAFE:
         return TailSafeRequestQueue(config)
+    if policy is QueuePolicy.TAIL_SAFE_RANKS:
+        return RankTailSafeRequestQueue(config)
+    if policy is QueuePolicy.LONGEST_FIRST:
+        return LongestFirstRequestQueue(config)
     raise ValueError(f"unknown queue policy: {policy!r}")
 
 
 class RequestKeys:
-    """What an admission order reads from requests: their SJF key, tail-safe class and arrival time.
+    """What an admission order reads from requests: their SJF or longest-first key, tail-safe class and arrival time.
 
     This provider computes every key from the request's fields at every read. None of them changes
     while a request waits, so a scheduler that re-sorts the same waiting list every round (SGLang)
@@ -240,6 +288,18 @@ class RequestKeys:
     def sorted_by_sjf(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
         """The requests by :meth:`sjf`, ascending; a stable sort, so exact ties stay in list order."""
         return sorted(requests, key=self.sjf)
+
+    def sorted_by_longest_first(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
+        """The requests by :func:`longest_first_sort_key`, ascending; a stable sort, so exact ties stay in list order."""
+        config = self.config
+        return sorted(requests, key=lambda request: request_longest_first_key(request, config))
+
+    def rank_long(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
+        """The requests of the ranked long class (:class:`RecentPredictions`), in list order, as a fresh
+        :class:`RankTailSafeRequestQueue` classifies them when they are added in list order."""
+        recent, config = RecentPredictions(self.config), self.config
+        return [request for request in requests
+                if recent.classify(request.predicted_output_len, request.num_generated_tokens, config)]
 
     def predicted_long(self, requests: Sequence[SchedulableRequest]) -> List[SchedulableRequest]:
         """The requests of the tail-safe key's long class (:func:`is_predicted_long`), in list order."""
@@ -275,7 +335,10 @@ def admission_order(
     classes above (tests/test_scheduling.py checks it on random queues, ties included). ``now`` is
     the time of admission, so at or after every arrival (SGLang: its monotonic clock, which stamped
     the arrivals); by default the latest arrival. ``keys`` (built for ``config``) reads the
-    requests; by default from their :class:`SchedulableRequest` fields.
+    requests; by default from their :class:`SchedulableRequest` fields. ``tail-safe-ranks`` classifies
+    a request against the predictions of the requests that joined before it: by default those in the
+    list (a fresh queue's window); a scheduler that keeps its list across rounds passes ``keys`` that
+    keep the window and each request's class from the round it joined (the plugin's ``CachedOrderKeys``).
     """
     keys = RequestKeys(config) if keys is None else keys
     assert keys.config is config, "the key provider must be built for this config"
@@ -284,20 +347,25 @@ def admission_order(
     if policy is QueuePolicy.SJF:  # a stable sort breaks exact ties by list order, as the heap's counter does
         return keys.sorted_by_sjf(requests)
     if policy is QueuePolicy.TAIL_SAFE:
-        return _tail_safe_order(requests, keys, now)
+        return _tail_safe_order(requests, keys, now, keys.predicted_long(requests))
+    if policy is QueuePolicy.TAIL_SAFE_RANKS:
+        return _tail_safe_order(requests, keys, now, keys.rank_long(requests))
+    if policy is QueuePolicy.LONGEST_FIRST:
+        return keys.sorted_by_longest_first(requests)
     raise ValueError(f"unknown queue policy: {policy!r}")
 
 
 def _tail_safe_order(
-    requests: Sequence[SchedulableRequest], keys: RequestKeys, now: Optional[float]
+    requests: Sequence[SchedulableRequest], keys: RequestKeys, now: Optional[float],
+    long_requests: List[SchedulableRequest],
 ) -> List[SchedulableRequest]:
-    """The order in which :class:`TailSafeRequestQueue` pops these requests at ``now``, as one sort.
+    """The order in which :class:`TailSafeRequestQueue` pops these requests at ``now``, as one sort, given those of
+    them in the long class (in list order).
 
     The short class's merge keys are their arrival times, fixed; only the long class's move with
     time (:func:`tail_safe_long_merge_keys`), so per round Python code runs per long request and the
     rest is one sort of a list that the last round left nearly in order.
     """
-    long_requests = keys.predicted_long(requests)
     long_keys: List[int] = []
     if long_requests:
         long_requests, long_arrivals = _by_arrival(long_requests, keys)

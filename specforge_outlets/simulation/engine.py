@@ -27,6 +27,8 @@ import numpy as np
 from specforge_outlets.errors import OutletsError
 from specforge_outlets.scheduling import (
     VLLM_ADMISSIONS,
+    LengthPrediction,
+    PredictionSource,
     QueuePolicy,
     RankLoad,
     SchedulingConfig,
@@ -124,9 +126,9 @@ class Simulation:
         quantile_trajectories = quantile_trajectories if quantile_trajectories is not None else [None] * len(trace)
         self.dynamic = self.dynamic or any(q is not None for q in quantile_trajectories)
         self.requests = [
-            SimRequest(index, float(arrival), int(input_len), int(output_len), predicted_output_len,
-                       int(cluster.kv_reservation(input_len, output_len)), trajectory,
-                       None if quantile is None else tuple(quantile), quantile_trajectory)
+            SimRequest(index, float(arrival), int(input_len), int(output_len),
+                       self._prediction(predicted_output_len, quantile),
+                       int(cluster.kv_reservation(input_len, output_len)), trajectory, quantile_trajectory)
             for index, (arrival, input_len, output_len, predicted_output_len, trajectory, quantile, quantile_trajectory)
             in enumerate(zip(trace.arrival_times, trace.input_lens, trace.output_lens, predicted_output_lens,
                              trajectories, quantiles, quantile_trajectories, strict=True))
@@ -173,6 +175,20 @@ class Simulation:
             self.token_gaps,
             np.array([r.first_batch_time for r in requests]),
         )
+
+    def _prediction(self, predicted_output_len: Optional[float], quantiles: Optional[Sequence[float]]
+                    ) -> Optional[LengthPrediction]:
+        """A request's r̂_0 (and quantiles) as the scheduler will learn it: with the request at arrival, from the
+        draft at prefill. Built as given (no ``of_total`` clean-up): the predictors' values are checked as they
+        are read (``predicted_lengths``), and the results stay those of the values given."""
+        if predicted_output_len is None:
+            return None
+        if self.cluster.predict_at is PredictionPoint.ARRIVAL:
+            source, at_generated = PredictionSource.EXTERNAL, 0
+        else:
+            source, at_generated = PredictionSource.DRAFT, 1
+        return LengthPrediction(predicted_output_len, source, None if quantiles is None else tuple(quantiles),
+                                at_generated)
 
     # --- request life cycle ---------------------------------------------------------------------
     def _arrive(self, now: float, request: SimRequest) -> None:

@@ -9,7 +9,8 @@ from specforge_outlets import wandb_report
 def register(subparsers) -> None:
     from specforge_outlets.scheduling.keys import (
         DEFAULT_AGING_TOKENS_PER_S, DEFAULT_FOOTPRINT_CONTEXT_TOKENS, DEFAULT_LONG_HOLDBACK, DEFAULT_LONG_OUTPUT_LEN,
-        DEFAULT_MAX_RETRACTIONS, DEFAULT_PRIOR_OUTPUT_LEN, DEFAULT_RISK_BETA, OrderKey,
+        DEFAULT_LONG_CLASS_SHARE, DEFAULT_MAX_RETRACTIONS, DEFAULT_PRIOR_OUTPUT_LEN, DEFAULT_RANK_WINDOW, DEFAULT_RISK_BETA,
+        OrderKey,
     )
     from specforge_outlets.scheduling import RoutingPolicy
     from specforge_outlets.simulation.sglang_peers import routing_names, routing_policy
@@ -44,9 +45,11 @@ def register(subparsers) -> None:
                              "--load-balance-method and sglang-router's --policy names are taken too (round_robin, "
                              "total_requests, total_tokens, outlets, power_of_two)")
     parser.add_argument("--queue", nargs="+", default=["fcfs", "sjf", "tail-safe"],
-                        choices=["fcfs", "sjf", "tail-safe", "shortest-prefill-first", "lof", "hrrn"],
-                        help="waiting-queue orders: the plugin's, and SGLang's shortest-prefill-first, lof and hrrn "
-                             "for comparison")
+                        choices=["fcfs", "sjf", "tail-safe", "tail-safe-ranks", "longest-predicted-first",
+                                 "shortest-prefill-first", "lof", "hrrn"],
+                        help="waiting-queue orders: the plugin's (tail-safe-ranks: tail-safe with the long class the "
+                             "top --long-class-share of recent predictions; longest-predicted-first: for a batch's "
+                             "makespan), and SGLang's shortest-prefill-first, lof and hrrn for comparison")
     parser.add_argument("--predictor", default="noisy", choices=["none", "oracle", "noisy", "file", "file-dynamic"],
                         help="predictor of the policy grid (default noisy; file-dynamic: the --predictions file's "
                              "per-token trajectories, re-predicted as tokens are generated)")
@@ -91,6 +94,11 @@ def register(subparsers) -> None:
     parser.add_argument("--long-class-quantile", type=float, default=None, metavar="Q",
                         help="tail-safe: a request is long when the Q-quantile of its predicted remaining length "
                              "reaches --long-output-len (e.g. 0.9; default: by the point prediction)")
+    parser.add_argument("--long-class-share", type=float, default=DEFAULT_LONG_CLASS_SHARE,
+                        help="tail-safe-ranks: a request is long when its predicted remaining length is among this "
+                             "top share of the last --rank-window predictions its instance's queue received")
+    parser.add_argument("--rank-window", type=int, default=DEFAULT_RANK_WINDOW,
+                        help="tail-safe-ranks: how many recent predictions the long class is read from")
     parser.add_argument("--seed", type=int, default=0)
     wandb_report.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -130,6 +138,7 @@ def run(args) -> int:
                                       args.max_retractions, order_key=args.order_key, risk_beta=args.risk_beta,
                                       footprint_context_tokens=args.footprint_context,
                                       long_class_quantile=args.long_class_quantile,
+                                      long_class_share=args.long_class_share, rank_window=args.rank_window,
                                       **({"quantile_levels": file_levels} if file_levels else {}))
     except ValueError as exc:
         raise OutletsError(f"scheduling settings: {exc}") from None

@@ -15,11 +15,23 @@ from abc import abstractmethod
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from specforge_outlets.scheduling import KVRequest, RankLoad, predicted_remaining, rank_load, retraction_order_key
+from specforge_outlets.scheduling import (
+    KVRequest,
+    LengthPrediction,
+    RankLoad,
+    rank_load,
+    remaining_or_prior,
+    retraction_order_key,
+)
 from specforge_outlets.simulation.cluster_run import ClusterRun
 from specforge_outlets.simulation.request import SimRequest
 from specforge_outlets.simulation.schedulers.segments import SegmentLoop
 from specforge_outlets.simulation.sglang_peers import AnyQueuePolicy, create_queue
+
+
+def predicted_output_len(prediction: Optional[LengthPrediction]) -> Optional[float]:
+    """What the core's load and retraction keys read of a prediction: its total (None: the prior)."""
+    return None if prediction is None else prediction.predicted_output_len
 
 
 class Scheduler(SegmentLoop):
@@ -62,7 +74,7 @@ class Scheduler(SegmentLoop):
         if not with_work:
             return RankLoad(waiting + len(self.running), 0.0)
         steps = self.steps_done + self._segment_steps_done(now)
-        running = ((r.predicted_output_len_at(1 + steps - r.join_step), 1 + steps - r.join_step)
+        running = ((predicted_output_len(r.prediction_at(1 + steps - r.join_step)), 1 + steps - r.join_step)
                    for r in self.running.values())
         return rank_load(running, self.sim.scheduling.prior_output_len, RankLoad(waiting, self.pending_work))
 
@@ -71,10 +83,8 @@ class Scheduler(SegmentLoop):
         """Count a request routed here; its work is static until it starts decoding."""
         self.incoming += 1
         self.incoming_tokens += request.input_len
-        request.pending_work = predicted_remaining(
-            request.predicted_output_len_at(request.num_generated_tokens), request.num_generated_tokens,
-            self.sim.scheduling.prior_output_len,
-        )
+        request.pending_work = remaining_or_prior(
+            request.prediction_at(request.num_generated_tokens), request.num_generated_tokens, self.sim.scheduling)
         self.pending_work += request.pending_work
 
     def enqueue(self, now: float, request: SimRequest) -> None:
@@ -93,9 +103,9 @@ class Scheduler(SegmentLoop):
                     ) -> KVRequest:
         """What the admission reads from a request with ``generated`` tokens (its latest predictions), holding
         ``held`` KV tokens, whose prefill adds ``extend`` (by default what it has left to prefill)."""
-        return KVRequest(request.prefill_left if extend is None else extend, generated, self._max_new_tokens(request),
-                         request.predicted_output_len_at(generated), request.predicted_output_quantiles_at(generated),
-                         held=held)
+        return KVRequest.from_prediction(request.prediction_at(generated),
+                                         request.prefill_left if extend is None else extend, generated,
+                                         self._max_new_tokens(request), held=held)
 
     def _max_new_tokens(self, request: SimRequest) -> int:
         """What the simulated client asks for: the cluster's max_new_tokens, or the output if longer."""
@@ -173,7 +183,7 @@ class Scheduler(SegmentLoop):
         config = self.sim.scheduling
         # max takes the first of equal keys: reversed, the latest to join (the plugin's stable sort, popped from the end)
         return max(reversed(self.running.values()), key=lambda r: retraction_order_key(
-            r.predicted_output_len_at(1 + self.steps_done - r.join_step), 1 + self.steps_done - r.join_step,
+            predicted_output_len(r.prediction_at(1 + self.steps_done - r.join_step)), 1 + self.steps_done - r.join_step,
             r.arrival_time, r.retractions, config))
 
     def _retract(self, now: float, request: SimRequest) -> None:
@@ -186,13 +196,10 @@ class Scheduler(SegmentLoop):
         self.kv_reserved -= request.reservation
         request.num_generated_tokens = generated
         # the waiting queue orders by the latest
-        request.predicted_output_len = request.predicted_output_len_at(generated)
-        request.predicted_output_quantiles = request.predicted_output_quantiles_at(generated)
+        request.prediction = request.prediction_at(generated)
         request.retractions += 1
         request.prefill_left = request.input_len + generated  # recomputed when readmitted
-        request.pending_work = predicted_remaining(
-            request.predicted_output_len_at(generated), generated, self.sim.scheduling.prior_output_len
-        )
+        request.pending_work = remaining_or_prior(request.prediction_at(generated), generated, self.sim.scheduling)
         self.pending_work += request.pending_work
         self._requeue(now, request)
 

@@ -45,11 +45,10 @@ class PredictedReservation:
         self.follows_estimates = sim.dynamic or cluster.kv_admission is KVAdmission.QUANTILE
 
     def size(self, request: SimRequest, generated: int) -> int:
-        if request.predicted_output_len is None or request.retractions:
+        if request.prediction is None or request.retractions:
             return request.full_reservation
-        return request.input_len + generated + self.admission.output_budget(KVRequest(
-            0, generated, self.max_new_tokens, request.predicted_output_len_at(generated),
-            request.predicted_output_quantiles_at(generated)))
+        return request.input_len + generated + self.admission.output_budget(KVRequest.from_prediction(
+            request.prediction_at(generated), 0, generated, self.max_new_tokens))
 
 
 class ReservationScheduler(Scheduler):
