@@ -51,6 +51,7 @@ from specforge_outlets.studies.predictor_ladder.cells import LOAD_NAMES, REGIMES
 from specforge_outlets.studies.predictor_ladder.plot import plot
 from specforge_outlets.studies.predictor_ladder.quality import quality
 from specforge_outlets.studies.predictor_ladder.report import report
+from specforge_outlets.studies.stages import run_stages
 
 OUTPUT = os.path.join(REPO, "benchmarks", "data", "predictor-ladder")
 FIGURE = os.path.join(REPO, "docs", "figures", "predictor-ladder.png")
@@ -73,11 +74,7 @@ def main() -> None:
     if os.path.abspath(args.record) != EVAL_RECORD and os.path.abspath(args.output) == OUTPUT:
         parser.error(f"--record {args.record}: give it its own --output (the cells under {OUTPUT} are the committed "
                      "record's; a cell keeps the runs it has)")
-    unknown = [stage for stage in args.stages if stage not in STAGES]
-    if unknown:
-        parser.error(f"unknown stage(s) {', '.join(unknown)}; of {', '.join(STAGES)}")
-    for stage in args.stages or list(STAGES):
-        STAGES[stage](args)
+    run_stages(parser, args, STAGES)
 
 
 if __name__ == "__main__":

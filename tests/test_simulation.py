@@ -134,6 +134,30 @@ def test_fcfs_timeline_on_one_decode_slot(unit_steps):
     assert metrics["decode_queue_mean_s"] == pytest.approx(23.0 / 3) and metrics["prefill_queue_p50_s"] == 0.8
 
 
+@pytest.mark.parametrize("admission", ["max-new-tokens", "sglang"])
+def test_pd_ttft_as_sglang_reports_it_is_the_first_decode_batch(unit_steps, admission):
+    # THREE on one decode slot: the KV lands at 1, 2, 2 s (the simulator's TTFT); A joins the batch at once,
+    # B when A leaves at 11 s, C when B leaves at 16 s; SGLang's PD decode streams the first token then
+    result = simulate(THREE, pd_cluster(max_running_requests=1, kv_admission=admission), queue="fcfs")
+    assert result.first_token_times.tolist() == pytest.approx([1.0, 2.0, 2.0])
+    assert result.first_batch_times.tolist() == pytest.approx([1.0, 11.0, 16.0])
+    reported, landed = summarize(result, as_sglang_reports=True)["all"], summarize(result)["all"]
+    assert reported["ttft_mean_s"] == pytest.approx((1.0 + 10.9 + 15.8) / 3)
+    assert landed["ttft_mean_s"] == pytest.approx((1.0 + 1.9 + 1.8) / 3)  # the existing figure is unchanged
+    # TPOT follows: every request then makes a token a step (1 s); landed, B's and C's waits count as decoding
+    assert reported["tpot_mean_s"] == pytest.approx(1.0)
+    assert landed["tpot_mean_s"] == pytest.approx((1.0 + 14.0 / 5 + 15.0) / 3)
+    assert reported["e2e_mean_s"] == landed["e2e_mean_s"]
+
+
+def test_colocated_first_batch_is_the_first_token(unit_steps):
+    cluster = cluster_config_from_dict({"mode": "colocated", "instances": 1, "max_running_requests": 1,
+                                        "max_new_tokens": 1, "kv_capacity_tokens": 10_000,
+                                        "kv_admission": "max-new-tokens"}, "test")
+    result = simulate(THREE, cluster)
+    assert result.reported_first_token_times.tolist() == pytest.approx(result.first_token_times.tolist())
+
+
 def gap_multiset(result, request):
     """{gap seconds: count} of one request's inter-token gaps."""
     values, weights = result.token_gaps.gaps(np.arange(len(result.output_lens)) == request)

@@ -78,6 +78,15 @@ class SimulationResult:
     transfer_times: np.ndarray
     decode_queue_delays: np.ndarray
     token_gaps: TokenGapLog  # every inter-token gap, for ITL percentiles
+    # when each request first joined a decode batch (NaN: it never did, its first token was its last); SGLang's PD
+    # decode streams the first token then, so its client's TTFT is this, not first_token_times (the KV landing)
+    first_batch_times: np.ndarray
+
+    @property
+    def reported_first_token_times(self) -> np.ndarray:
+        """The first token as SGLang's client sees it: at the first decode batch (PD), at prefill's end (colocated,
+        where the two coincide), and for a request that never joined a batch, when its one token came."""
+        return np.where(np.isnan(self.first_batch_times), self.first_token_times, self.first_batch_times)
 
 
 class Simulation:
@@ -164,6 +173,7 @@ class Simulation:
             np.array([r.transfer_time for r in requests]),
             np.array([r.decode_queue_delay for r in requests]),
             self.token_gaps,
+            np.array([r.first_batch_time for r in requests]),
         )
 
     def _prediction(self, predicted_output_len: Optional[float], quantiles: Optional[Sequence[float]]

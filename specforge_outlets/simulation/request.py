@@ -15,8 +15,8 @@ class SimRequest:
     __slots__ = (
         "index", "arrival_time", "input_len", "output_len", "unrevealed_prediction", "prediction",
         "num_generated_tokens", "reservation", "full_reservation", "enqueue_time", "queue_delay", "pending_work",
-        "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "finish_time",
-        "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay", "quantile_trajectory",
+        "prefill_left", "prefill_claim", "join_step", "finish_step", "retractions", "first_token_time", "first_batch_time",
+        "finish_time", "trajectory", "prefill_queue_delay", "transfer_time", "decode_queue_delay", "quantile_trajectory",
         "last_token_time", "span_start", "span_pause",  # TokenGapLog's
     )
 
@@ -51,6 +51,7 @@ class SimRequest:
         self.finish_step = -1  # the step its decode ends; -1 while not decoding
         self.retractions = 0
         self.first_token_time = np.nan
+        self.first_batch_time = np.nan  # when it first joins a decode batch (SGLang's PD decode streams token 1 then)
         self.finish_time = np.nan
         self.last_token_time = np.nan
         self.span_start = 0

@@ -25,11 +25,14 @@ from specforge_outlets.serving.trace import Trace
 from specforge_outlets.simulation.engine import SimulationResult
 
 def summarize(result: SimulationResult, short_threshold: int = DEFAULT_SHORT_THRESHOLD,
-              slo: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
-    """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``."""
+              slo: Optional[Dict[str, float]] = None, as_sglang_reports: bool = False) -> Dict[str, Dict[str, float]]:
+    """Metrics per class of a simulated run: ``all``, ``short`` (< threshold output tokens) and ``long``.
+
+    ``as_sglang_reports``: TTFT (and so TPOT) from the first decode batch, as SGLang's PD decode streams it
+    (``SimulationResult.reported_first_token_times``); by default from the KV landing on the decode instance."""
     return summarize_requests(
         arrival_times=result.arrival_times,
-        first_token_times=result.first_token_times,
+        first_token_times=result.reported_first_token_times if as_sglang_reports else result.first_token_times,
         finish_times=result.finish_times,
         output_lens=result.output_lens,
         queue_delays=result.queue_delays,

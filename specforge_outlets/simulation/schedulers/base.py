@@ -10,6 +10,7 @@ model) admits and retracts; the admission strategies it asks are the scheduling 
 from __future__ import annotations
 
 import heapq
+import math
 from abc import abstractmethod
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
@@ -139,6 +140,8 @@ class Scheduler(SegmentLoop):
     def _start_decoding(self, now: float, request: SimRequest) -> None:
         """Join the decode batch with the tokens generated so far (1, the prefill's, unless retracted)."""
         self.sim.token_gaps.joined(self.engine_id, request, now)
+        if math.isnan(request.first_batch_time):  # its first join
+            request.first_batch_time = now
         self.pending_work -= request.pending_work
         generated = max(request.num_generated_tokens, 1)
         request.num_generated_tokens = generated
