@@ -34,6 +34,9 @@ PRIOR = 256.0
 FAIL_PROMPT = [3, 3, 3, 3]  # the harness makes the prefill's draft raise for prompts starting with these ids
 POLL_S = LOAD_POLL_INTERVAL_S
 BURST, BURST_TOKENS = 6, 5  # the requests sent while one decode instance is busy
+# the busy instance's request: long enough to outlast a router poll on an idle machine (480 tokens did not), within
+# the harness's 8192-token context and its 4096-token KV pool beside the burst
+BLOCKER_TOKENS = 1500
 # Mooncake's sessions and the bootstrap on loopback (SGLang takes the host's first NIC address otherwise)
 PD_ENV = {"SGLANG_HOST_IP": "127.0.0.1"}
 # SGLang's CPU work-arounds for PD (../shared/notes/pd-and-router.md); --dtype float32 as the offline reference
@@ -203,7 +206,7 @@ def test_the_router_sends_new_requests_to_the_decode_instance_with_less_predicte
     """A long-predicted request runs on one decode instance; once the router has polled both `/get_load`s,
     power_of_two (two instances: both compared) sends every new request to the other one."""
     blocker = {"input_ids": PROMPTS[0], "rid": "blocker", "sampling_params": {
-        "max_new_tokens": 480, "temperature": 0, "ignore_eos": True}, "custom_labels": {
+        "max_new_tokens": BLOCKER_TOKENS, "temperature": 0, "ignore_eos": True}, "custom_labels": {
         "outlets_predicted_output_len": "5000"}}
     thread = threading.Thread(target=post, args=(f"{pd_cluster.url}/generate", blocker), daemon=True)
     thread.start()
@@ -216,8 +219,7 @@ def test_the_router_sends_new_requests_to_the_decode_instance_with_less_predicte
         time.sleep(0.05)
     busy = loads.index(max(loads))
     idle = pd_cluster.decodes[1 - busy]
-    # one poll interval and a margin: the router has polled both loads since the blocker arrived (a longer wait
-    # lets the blocker, capped by the tiny target's 512-token context, finish first on an idle machine)
+    # one poll interval and a margin: the router has polled both loads since the blocker arrived
     time.sleep(1.25 * POLL_S)
     # still busy now, so busy at the router's last poll too: the burst is dispatched on that view
     assert json.loads(pd_cluster.decodes[busy].get("/get_load"))[0]["num_tokens"] > 1000, "lengthen the blocker"
