@@ -89,7 +89,6 @@ class LengthPrediction:
         return tuple(max(value - generated, 0.0) for value in self.predicted_output_quantiles)
 
 
-
 def remaining_or_prior(prediction: Optional[LengthPrediction], generated: int, config: SchedulingConfig) -> float:
     """A request's predicted remaining output tokens after ``generated``; the prior's when it is unpredicted."""
     if prediction is None:
