@@ -29,12 +29,13 @@ def test_cells_resume_and_the_report_rates_every_run_against_the_best_peer(tmp_p
     assert len(plan) == len(routing_rule.PEERS) + len(routing_rule.PREDICTED) * len(routing_rule.RUNGS)
     result = routing_rule.report(args)
     assert [cell["load"] for cell in result["cells"]] == [0.7, 1.2]
-    assert set(result["within_bar_with_outlets_r0"]) == {f"{routing} · fcfs | outlets r0"
-                                                         for routing in routing_rule.PREDICTED}
+    for verdicts in result["within_bar_with_outlets_r0"].values():
+        assert set(verdicts) == {f"{routing} · fcfs | outlets r0" for routing in routing_rule.PREDICTED}
     for cell in result["cells"]:
         assert set(cell["runs"]) == {label for label, *_ in plan}
         for metric in ("ttft_mean_s", "ttft_p99_s"):  # the tiny record has no long request: no long P99
             best = cell["best_peer"][metric]
             assert best in routing_rule.PEERS and cell["runs"][best]["ratio"][metric] == pytest.approx(1.0)
+            assert cell["runs"][routing_rule.TOTAL_REQUESTS]["ratio_to_total_requests"][metric] == 1.0
     table = (tmp_path / "out" / "table.md").read_text()
     assert table.count("| 1.2 (12 rps) |") == len(plan)
