@@ -39,3 +39,6 @@ def test_cells_resume_and_the_report_rates_every_run_against_the_best_peer(tmp_p
             assert cell["runs"][routing_rule.TOTAL_REQUESTS]["ratio_to_total_requests"][metric] == 1.0
     table = (tmp_path / "out" / "table.md").read_text()
     assert table.count("| 1.2 (12 rps) |") == len(plan)
+    # a cell holding another stack's runs too: the report reads only the stacks asked for
+    routing_rule.simulate(argparse.Namespace(**{**vars(args), "stacks": ["fcfs", "plugin default"]}), work)
+    assert set(routing_rule.report(args)["cells"][0]["runs"]) == {label for label, *_ in plan}

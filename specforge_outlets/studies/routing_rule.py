@@ -125,12 +125,16 @@ def ratios_to(seeds: List[dict], reference: str) -> Dict[str, Dict[str, float]]:
 
 def report(args) -> dict:
     """``result.json`` and ``table.md``: each run's ratios to the best peer per metric and to ``total_requests``,
-    and whether each predicted routing with OUTLETS r̂₀ is within the bar against each at every load."""
+    and whether each predicted routing with OUTLETS r̂₀ is within the bar against each at every load (the runs of
+    ``args.stacks`` only: a cell may hold other stacks' too)."""
+    planned = {label for label, *_ in run_plan(args.stacks)}
     groups: Dict[float, List[dict]] = {}
     for seed in args.seeds:
         for load in args.loads:
             with open(cell_path(args.output, load, seed)) as handle:
-                groups.setdefault(load, []).append(json.load(handle))
+                cell = json.load(handle)
+            cell["runs"] = [run for run in cell["runs"] if run["label"] in planned]  # the stacks asked for
+            groups.setdefault(load, []).append(cell)
     cells = []
     for _, seeds in sorted(groups.items()):
         cell = summarize_cell(seeds)
@@ -141,6 +145,7 @@ def report(args) -> dict:
     passes = {reference: {label: all(verdict(cell["runs"][label][key]) for cell in cells) for label in labels}
               for reference, key in REFERENCES.items()}
     result = {"cluster": CLUSTER, "arrivals": ARRIVALS, "requests": args.requests, "seeds": args.seeds,
+              "stacks": args.stacks,
               "window": WINDOW, "bar": f"every one of {', '.join(HEADLINE)} within {WITHIN}x of the reference's",
               "within_bar_with_outlets_r0": passes, "cells": cells}
     os.makedirs(args.output, exist_ok=True)
