@@ -8,7 +8,9 @@ load snapshots, the simulator from its instances.
 ``power-of-two`` is sglang-router's ``power_of_two``, which the external router runs in front of PD
 decode instances (docs/serving.md step 7); the plugin serves only least-predicted-work
 (``--load-balance-method outlets``), and the simulator runs power-of-two to measure what the router
-gives up against it.
+gives up against it. ``least-requests-then-work`` is SGLang's ``total_requests`` with its ties broken
+by the predicted work; the simulator runs it (``benchmarks/routing_rule.py``) as the candidate for
+``--load-balance-method outlets``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def least_requests_then_work_rank(loads: Sequence[RankLoad]) -> int:
     Where SGLang's ``total_requests`` has one choice this is it: when the running-request slots bind,
     a request's admission waits on the queue ahead of it, so the count, not the predicted work,
     decides its TTFT (the regime map's colocated overload: least predicted work 4.46x total_requests'
-    P99 TTFT). The predicted work only picks among ranks that total_requests cannot tell apart.
+    P99 TTFT, this rule 1.01x; ``benchmarks/data/routing-rule``). The predicted work only picks among
+    ranks that total_requests cannot tell apart.
     """
     return min(range(len(loads)), key=lambda rank: (loads[rank].num_requests, loads[rank].predicted_work, rank))
 
