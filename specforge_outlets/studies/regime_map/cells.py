@@ -111,6 +111,19 @@ def run_plan(regime: Regime) -> List[Tuple[str, str, Configuration, str, str]]:
     return plan
 
 
+def run_record(planned: Tuple[str, str, Configuration, str, str], result, submitted: np.ndarray, batch: bool,
+               wall_s: float) -> dict:
+    """A run's entry in its cell: what ran (a ``run_plan`` row), its figures (``metrics.run_figures``), its
+    retractions and the seconds it took to simulate."""
+    label, name, configuration, rung, point = planned
+    setup = configuration.setup
+    return {"label": label, "config": name, "rung": rung, "point": point,
+            "routing": setup.routing, "queue": setup.queue, "admission": setup.admission.value,
+            "knobs": list(setup.knobs), "max_running_requests": configuration.max_running_requests,
+            **run_figures(result, submitted, batch), "retractions": int(result.retractions.sum()),
+            "wall_s": round(wall_s, 2)}
+
+
 def simulate_cell(work, regime_name: str, shape: int, load: Optional[float], seed: int, capacity: float,
                   path: str) -> int:
     """Every run of a cell, the cell written after each; a cell written before keeps its runs and only those it
@@ -142,13 +155,8 @@ def simulate_cell(work, regime_name: str, shape: int, load: Optional[float], see
             started = time.perf_counter()
             result = simulate_run(run_trace, predictions[rung], dataclasses.replace(cluster, predict_at=predict_at),
                                   configuration)
-            setup = configuration.setup
-            done[label] = {"label": label, "config": name, "rung": rung, "point": point,
-                           "routing": setup.routing, "queue": setup.queue, "admission": setup.admission.value,
-                           "knobs": list(setup.knobs), "max_running_requests": configuration.max_running_requests,
-                           **run_figures(result, submitted, regime.batch),
-                           "retractions": int(result.retractions.sum()),
-                           "wall_s": round(time.perf_counter() - started, 2)}
+            done[label] = run_record((label, name, configuration, rung, point), result, submitted, regime.batch,
+                                     time.perf_counter() - started)
             simulated += 1
         cell["runs"].append(done[label])
         write_text_atomic(path, json.dumps(cell, separators=(",", ":")))
