@@ -7,7 +7,7 @@
   class, a long request yielding only briefly, ``--outlets-long-holdback``; ``--outlets-order sjf``
   for shortest predicted remaining first with aging); retraction of the longest predicted remaining
   first; the same order on the PD decode queue.
-- ``--load-balance-method outlets``: least predicted work across data-parallel ranks.
+- ``--load-balance-method outlets``: fewest requests, ties by least predicted work, across data-parallel ranks.
 - Predictions from the request (``custom_params.outlets_predicted_output_len``), from an OUTLETS draft
   at prefill (``--outlets-draft-path``, predictor-only mode) or from the running EAGLE-3 draft;
   ``predicted_output_len`` in ``meta_info``; the draft architecture ``OutletsLlamaForCausalLMEagle3``

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     server.stop()
 
 
-def test_routes_by_predicted_work(server):
+def test_routes_to_fewest_requests_then_least_predicted_work(server):
     long_result = {}
 
     def long_request():
@@ -35,16 +35,22 @@ def test_routes_by_predicted_work(server):
     thread = threading.Thread(target=long_request, daemon=True)
     thread.start()
     time.sleep(1.0)  # the long request is running and its rank's load snapshot says so
-    # Four short requests: round robin would alternate ranks; least predicted work sends all of
-    # them to the rank without the long request (4 x 10 << 2000 - tokens generated so far).
-    shorts = server.burst([{"text": f"{PROMPT} short {i}", "max_new_tokens": 2, "predicted_output_len": 10}
-                           for i in range(4)], gap_s=0.05)
+    # Two requests predicted short but running a while, then a probe. The first goes to the rank without
+    # the long request (0 < 1 requests), the second too (1 request each: 10 << 2000 predicted left); the
+    # probe goes to the long request's rank (1 < 2 requests), where least predicted work would send it to
+    # the other (20 << 2000 - tokens generated so far).
+    burst = server.burst([{"text": f"{PROMPT} medium {i}", "max_new_tokens": 150, "predicted_output_len": 10}
+                          for i in range(2)] + [{"text": f"{PROMPT} probe", "max_new_tokens": 2,
+                                                 "predicted_output_len": 10}], gap_s=0.05)
     thread.join(180)
-    assert long_result["done"] > max(result["sent"] for result in shorts), "the long request finished too early"
+    *mediums, probe = burst
+    assert long_result["done"] > probe["sent"], "the long request finished too early"
+    assert min(result["done"] for result in mediums) > probe["sent"], "a medium request finished too early"
     long_rank = long_result["response"]["meta_info"]["dp_rank"]
-    short_ranks = [result["response"]["meta_info"]["dp_rank"] for result in shorts]
+    medium_ranks = [result["response"]["meta_info"]["dp_rank"] for result in mediums]
     assert long_rank in (0, 1)
-    assert short_ranks == [1 - long_rank] * 4, (long_rank, short_ranks)
+    assert medium_ranks == [1 - long_rank] * 2, (long_rank, medium_ranks)
+    assert probe["response"]["meta_info"]["dp_rank"] == long_rank, (long_rank, medium_ranks)
     assert "OUTLETS load-balance-method" in server.log_text()
 
 

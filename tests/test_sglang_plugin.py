@@ -642,7 +642,7 @@ def test_load_snapshot_round_trip_and_stock_readers(plugins_loaded):
     assert "outlets" in load_snapshot._LOAD_AWARE_METHODS
 
 
-def test_budget_routes_to_least_predicted_work_counting_new_requests():
+def test_budget_routes_to_fewest_requests_then_least_work_counting_new_requests():
     budget = routing.OutletsBudget(2, prior_output_len=256.0)
 
     def snap(rank, work, n, ts, received=0):
@@ -650,16 +650,18 @@ def test_budget_routes_to_least_predicted_work_counting_new_requests():
                                outlets_received_requests=received, num_running_reqs=n, num_waiting_reqs=0)
 
     budget.update([snap(0, 1000.0, 1, 1.0), snap(1, 0.0, 0, 1.0)])
-    assert [budget.choose(10.0) for _ in range(4)] == [1, 1, 1, 1]
-    assert budget.loads[1].predicted_work == 40.0
-    assert budget.choose(None) == 1  # 40 + 256 < 1000
-    assert budget.choose(2000.0) == 1  # 296 < 1000
-    assert budget.choose(None) == 0
-    # A fresh snapshot of rank 1 that has seen only 2 of its 6 requests: the other 4 stay counted.
+    # 1: fewer requests; 1: one each, less work; 0: one request (1000 left) against two (20 left), where
+    # least predicted work would take rank 1; 1: two each, less work
+    assert [budget.choose(10.0) for _ in range(4)] == [1, 1, 0, 1]
+    assert budget.loads == [routing.RankLoad(2, 1010.0), routing.RankLoad(3, 30.0)]
+    assert budget.choose(None) == 0  # 2 < 3 requests; counted with the prior, 256
+    assert budget.choose(2000.0) == 1  # 3 each: 30 < 1266
+    assert budget.choose(None) == 0  # 3 < 4
+    # A fresh snapshot of rank 1 that has seen only 2 of its 4 requests: the other 2 stay counted.
     budget.update([snap(1, 20.0, 2, 2.0, received=2)])
-    assert budget.loads[1] == routing.RankLoad(6, 20.0 + 10 + 10 + 256 + 2000)
-    budget.update([snap(1, 2276.0, 6, 3.0, received=6)])
-    assert budget.loads[1] == routing.RankLoad(6, 2276.0)
+    assert budget.loads[1] == routing.RankLoad(4, 20.0 + 10 + 2000)
+    budget.update([snap(1, 2030.0, 4, 3.0, received=4)])
+    assert budget.loads[1] == routing.RankLoad(4, 2030.0)
     # a stock snapshot (no counter) counts its requests with the prior and everything as seen
     stock = SimpleNamespace(dp_rank=0, timestamp=4.0, num_running_reqs=2, num_waiting_reqs=1)
     budget.update([stock])

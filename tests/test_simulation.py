@@ -9,12 +9,13 @@ import pytest
 
 from specforge_outlets.cli import main
 from specforge_outlets.errors import OutletsError
-from specforge_outlets.scheduling import LengthPrediction, QueuePolicy, RoutingPolicy, SchedulingConfig, aging_window_s
+from specforge_outlets.scheduling import (PLUGIN_ROUTING, LengthPrediction, QueuePolicy, RankLoad, RoutingPolicy,
+                                         SchedulingConfig, aging_window_s)
 from specforge_outlets.simulation.cluster import ClusterConfig, cluster_config_from_dict, load_cluster_config
 from specforge_outlets.simulation.engine import Policy, Simulation
 from specforge_outlets.simulation.hardware import H100_SXM, LLAMA_3_1_8B, StepTimeModel
 from specforge_outlets.simulation.study import summarize
-from specforge_outlets.simulation.sglang_peers import queue_policy, routing_policy
+from specforge_outlets.simulation.sglang_peers import create_peer_or_router, queue_policy, routing_policy, routing_spelling
 from specforge_outlets.simulation.predicted_lengths import PredictorKind, predict_lengths
 from specforge_outlets.serving.trace import Trace, load_lengths, load_trace, synthetic_poisson
 
@@ -813,6 +814,16 @@ def test_sglang_total_tokens_routing_avoids_the_instance_with_a_long_prompt(unit
         routing_policy("total-tokens"), routing_policy("least-requests")]
 
 
+def test_outlets_spelling_is_the_plugins_rule_fewest_requests_over_least_work():
+    """SGLang's ``--load-balance-method outlets`` simulates what the plugin serves: PLUGIN_ROUTING, whose rank
+    with fewer requests wins over one with less predicted work (least-predicted-work would take rank 1)."""
+    assert routing_policy("outlets") is PLUGIN_ROUTING is routing_policy("least-requests-then-work")
+    loads = [RankLoad(1, 2000.0), RankLoad(2, 20.0)]
+    assert create_peer_or_router(routing_policy("outlets")).select(loads) == 0
+    assert create_peer_or_router(routing_policy("least-predicted-work")).select(loads) == 1
+    assert routing_spelling(routing_policy("least-predicted-work")) is None  # neither SGLang nor its router serves it
+
+
 def test_bad_jsonl_trace_names_the_line(tmp_path):
     with pytest.raises(OutletsError, match="line 2: missing field.*output_length"):
         load_trace(write(tmp_path, "t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 7}\n'
@@ -906,7 +917,7 @@ def test_simulate_command_writes_summary_and_plots(tmp_path, capsys):
                  "--rate-scale", "1", "3", "--routing", "round_robin", "outlets"])  # SGLang's spellings
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["routing_in_sglang"] == {"round-robin": "round_robin", "least-predicted-work": "outlets"}
+    assert summary["routing_in_sglang"] == {"round-robin": "round_robin", "least-requests-then-work": "outlets"}
     assert "'order_key': 'point'" in (out / "summary.md").read_text()  # values, not enum reprs
     assert len(summary["runs"]) == 2 * (6 + 3)  # rate scales x (2 routings x 3 queues + controlled study)
     run = summary["runs"][0]["metrics"]

@@ -102,6 +102,7 @@ from specforge_outlets.scheduling.request_queue import (
 )
 from specforge_outlets.scheduling.routing import (
     DEFAULT_LOAD_POLL_INTERVAL_S,
+    PLUGIN_ROUTING,
     LeastPredictedWorkRouter,
     LeastRequestsRouter,
     LeastRequestsThenWorkRouter,
@@ -202,6 +203,7 @@ __all__ = [
     "request_quantiles",
     "request_sjf_key",
     "DEFAULT_LOAD_POLL_INTERVAL_S",
+    "PLUGIN_ROUTING",
     "LeastPredictedWorkRouter",
     "LeastRequestsRouter",
     "LeastRequestsThenWorkRouter",

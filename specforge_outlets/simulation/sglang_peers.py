@@ -40,9 +40,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from enum import Enum
-from typing import Dict, Iterator, List, Sequence, Tuple, Type, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from specforge_outlets.scheduling import (
+    PLUGIN_ROUTING,
     QueuePolicy,
     RankLoad,
     RequestQueue,
@@ -191,13 +192,14 @@ def queue_policy(name: str) -> AnyQueuePolicy:
     return _by_name(name, (QueuePolicy, PeerQueuePolicy), "queue order")
 
 
-# SGLang's --load-balance-method (round_robin, total_requests, total_tokens, outlets: the plugin's) and
-# sglang-router's --policy (power_of_two) names of the simulated routings
+# SGLang's --load-balance-method (round_robin, total_requests, total_tokens, outlets: the plugin's, PLUGIN_ROUTING) and
+# sglang-router's --policy (power_of_two) names of the simulated routings; least-predicted-work, a rule for studies
+# that the plugin no longer serves, has none
 ROUTING_SPELLINGS = {
     "round_robin": RoutingPolicy.ROUND_ROBIN,
     "total_requests": RoutingPolicy.LEAST_REQUESTS,
     "total_tokens": PeerRoutingPolicy.TOTAL_TOKENS,
-    "outlets": RoutingPolicy.LEAST_PREDICTED_WORK,
+    "outlets": PLUGIN_ROUTING,
     "power_of_two": RoutingPolicy.POWER_OF_TWO,
 }
 
@@ -221,9 +223,9 @@ def routing_policy(name: str) -> AnyRoutingPolicy:
     return routings[name]
 
 
-def routing_spelling(policy: AnyRoutingPolicy) -> str:
-    """``policy`` as SGLang's --load-balance-method or sglang-router's --policy names it."""
-    return next(name for name, member in ROUTING_SPELLINGS.items() if member is policy)
+def routing_spelling(policy: AnyRoutingPolicy) -> Optional[str]:
+    """``policy`` as SGLang's --load-balance-method or sglang-router's --policy names it; None where neither serves it."""
+    return next((name for name, member in ROUTING_SPELLINGS.items() if member is policy), None)
 
 
 def create_queue(policy: AnyQueuePolicy, config: SchedulingConfig, max_new_tokens: int) -> RequestQueue:

@@ -18,7 +18,7 @@ def register(subparsers) -> None:
         DEFAULT_LONG_CLASS_SHARE, DEFAULT_MAX_RETRACTIONS, DEFAULT_PRIOR_OUTPUT_LEN, DEFAULT_RANK_WINDOW, DEFAULT_RISK_BETA,
         OrderKey,
     )
-    from specforge_outlets.scheduling import RoutingPolicy
+    from specforge_outlets.scheduling import PLUGIN_ROUTING, RoutingPolicy
     from specforge_outlets.simulation.sglang_peers import routing_names, routing_policy
 
     parser = subparsers.add_parser(
@@ -43,9 +43,10 @@ def register(subparsers) -> None:
     parser.add_argument("--output", required=True, help="directory for summary.json, summary.md and plots")
     parser.add_argument("--rate-scale", type=float, nargs="+", default=[1.0],
                         help="arrival-rate multipliers to sweep (default 1)")
-    parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", "least-predicted-work"],
+    parser.add_argument("--routing", nargs="+", default=["round-robin", "least-requests", PLUGIN_ROUTING.value],
                         choices=routing_names(),
-                        help="routing: the plugin's, and for comparison SGLang's total-tokens balancing and "
+                        help=f"routing: the plugin's ({PLUGIN_ROUTING.value}, the default's last), least-predicted-work "
+                             "(a rule for studies), and for comparison SGLang's total-tokens balancing and "
                              "sglang-router's power-of-two (two random instances, loads polled every "
                              "load_poll_interval_s of --config, draws seeded by --seed); SGLang's "
                              "--load-balance-method and sglang-router's --policy names are taken too (round_robin, "
@@ -68,9 +69,9 @@ def register(subparsers) -> None:
                              "file, its per-token trajectory for file-dynamic")
     parser.add_argument("--no-controlled-study", action="store_true",
                         help="skip the SJF-fixed, predictor-varied study")
-    parser.add_argument("--study-routing", default="least-predicted-work",
+    parser.add_argument("--study-routing", default=PLUGIN_ROUTING.value,
                         choices=[name for name in routing_names() if isinstance(routing_policy(name), RoutingPolicy)],
-                        help="routing of the controlled study (default least-predicted-work)")
+                        help=f"routing of the controlled study (default the plugin's, {PLUGIN_ROUTING.value})")
     parser.add_argument("--short-threshold", type=int, default=800, help="short requests: fewer output tokens")
     parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
                         help="SLO targets in ms by sglang.benchmark.serving's --goodput names, e.g. ttft:500 tpot:50 e2el:9000 "
@@ -184,7 +185,8 @@ def run(args) -> int:
         "cluster": plain_fields(cluster),
         "kv_capacity_tokens_per_instance": cluster.kv_capacity(),
         "scheduling": plain_fields(scheduling),
-        # the rows' routing names as SGLang's --load-balance-method and sglang-router's --policy say them
+        # the rows' routing names as SGLang's --load-balance-method and sglang-router's --policy say them (null: neither
+        # serves it)
         "routing_in_sglang": {policy.value: routing_spelling(policy)
                               for policy in [*routings, plan.study_routing]},
         "noise_sigma": args.noise_sigma,
