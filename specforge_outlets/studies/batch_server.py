@@ -10,9 +10,11 @@ each request generating exactly its recorded length, the scheduler pinned to a c
 - **Requests**: ``--requests`` of the label set's prompt samples (the ladder's seeded draw,
   ``write_workload(..., ladder=True)``), all sent at once to one server.
 - **Slots bind, not KV**: ``--max-running-requests`` well below the batch, and a cache of
-  ``--max-running-requests`` x (the longest prompt + the 2,048-token cap) tokens, so that SGLang's
-  admission (a new request charged its prompt and its whole ``max_new_tokens``) never waits for KV;
-  the report reads the servers' own log lines for the peak token usage and running count.
+  ``--max-running-requests`` x (the longest prompt + the 2,048-token cap) tokens plus every prompt and output
+  of the batch (``kv_room``), so that SGLang's admission (a new request charged its prompt and its whole
+  ``max_new_tokens``) never waits for KV, and the finished requests' sequences, which the radix cache keeps,
+  never evict a prompt the pass left there (LRU would, in a smaller cache); the report reads the servers' own
+  log lines for the peak token usage and running count, and the prefix-cache hits.
 - **r̂₀ before the first admission, charged**: before the batch, the outlets servers get a prefill-only
   pass (every prompt once, ``max_new_tokens`` 1), timed. The radix cache is on for every server, so the
   pass leaves each prompt's KV in the prefix cache. The outlets runs' TTFT, end-to-end and makespan are
@@ -62,8 +64,10 @@ from specforge_outlets.studies.kv_bound_server import (
 RUNS_DIR = os.path.join(REPO, "runs", "batch-server")
 RESULTS = os.path.join(REPO, "benchmarks", "data", "batch-server")
 FIGURE = os.path.join(REPO, "docs", "figures", "batch-server.png")
-DEFAULT_REQUESTS = 200  # the batch: sized so that one run takes minutes on this CPU (docs/results.md)
-DEFAULT_MAX_RUNNING = 16  # running slots, well below the batch: the queue holds most of it
+# the batch: 120 of the label set's samples (87k output tokens) take about 3.5 minutes at the ~450 tokens/s
+# measured on a first fcfs run at 16 and at 32 running (the scheduler's cost per token sets the pace)
+DEFAULT_REQUESTS = 120
+DEFAULT_MAX_RUNNING = 16  # running slots, an eighth of the batch: the queue holds the rest
 SHUFFLED = "shuffled"  # OUTLETS r̂₀ permuted across the drawn requests: its values without its ranking
 PREFILL_ONLY = ["--max-new-tokens", "1"]  # the pass: each prompt's prefill and one token
 # server name -> its flags; the radix cache stays on for all (the pass's prefixes are reused)
@@ -122,12 +126,16 @@ def write_shuffled(directory: str) -> None:
 
 
 def kv_room(dataset: str, model: str, max_running: int) -> int:
-    """Cache tokens under which SGLang's admission never waits for KV: each running request charged its
-    prompt and its whole cap (the longest prompt of the batch, in the chat template the client sends)."""
+    """Cache tokens under which KV decides nothing: SGLang's admission never waits for it (each running request
+    charged its prompt and its whole cap, the batch's longest prompt in the chat template the client sends), and
+    the finished requests' sequences, which the radix cache keeps, never evict a prompt the pass left there
+    (room for every prompt and output of the batch besides)."""
     from specforge_outlets.loadgen.workload import load_dataset_workload, load_tokenizer
 
-    workload = load_dataset_workload(dataset, math.inf, MAX_NEW_TOKENS, load_tokenizer(model))
-    return max_running * (max(len(request.input_ids) for request in workload.requests) + MAX_NEW_TOKENS)
+    requests = load_dataset_workload(dataset, math.inf, MAX_NEW_TOKENS, load_tokenizer(model)).requests
+    longest = max(len(request.input_ids) for request in requests)
+    return (max_running * (longest + MAX_NEW_TOKENS)
+            + sum(len(request.input_ids) + request.expected_output_len for request in requests))
 
 
 # -- 1. run -----------------------------------------------------------------------------------------
@@ -413,7 +421,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", default=RUNS_DIR)
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS)
     parser.add_argument("--seed", type=int, default=0, help="the draw of the requests (the ladder's)")
-    parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING,
                         help="--max-running-requests of every server: the slots that bind")
     parser.add_argument("--max-total-tokens", type=int,
