@@ -55,28 +55,43 @@ def run(pass_s: float, mean_ttft: float, tails: float = 10.0) -> dict:
     """A run whose charged columns are its free ones plus the pass."""
     free = {column: tails for column in study.COLUMNS}
     free["mean TTFT s"] = mean_ttft
-    return {"pass_s": pass_s, "free": free,
-            "charged": {column: value + pass_s for column, value in free.items()}}
+    charged = {column: value + pass_s for column, value in free.items()}
+    return {"pass_s": pass_s, "free": free, "charged": charged, study.PACED: charged}
 
 
 def test_the_verdict_reads_the_aim_against_the_best_peer_with_the_pass_charged():
     rows = [{"server": "fcfs", "rung": "none", "runs": [run(0, 10.0), run(0, 12.0)]},
+            {"server": "fcfs (A/A control)", "rung": "none", "runs": [run(0, 12.0)]},
             {"server": "lof", "rung": "none", "runs": [run(0, 10.0)]}]
     rows += [{"server": "outlets sjf", "rung": rung, "runs": [run(0.5, mean)]}
              for rung, mean in (("constant", 11.0), ("shuffled", 11.5), ("outlets", 8.0), ("oracle", 4.0))]
     found = study.verdict(rows)
-    assert found["peer"] == "lof"  # 10.0 s against fcfs's median 11.0 s
+    assert found["peer (free)"] == found["peer (charged)"] == "lof"  # 10.0 s against fcfs's median 11.0 s
     assert found["aim (free)"]["holds"] and found["aim (free)"]["ratios"]["mean TTFT s"] == pytest.approx(0.8)
     # charged: mean TTFT 8.5 / 10 = 0.85 holds, but the 0.5 s pass puts every tail at 1.05x
     assert found["aim (charged)"]["ratios"]["mean TTFT s"] == pytest.approx(0.85)
     assert not found["aim (charged)"]["holds"]
     assert not found["order (free)"]["constant >= shuffled"]
+    assert found["A/A (free)"]["mean TTFT s"] == pytest.approx(12 / 11)  # fcfs's second session against the median
     assert found["order (charged)"]["constant >= outlets >= oracle"]
 
 
-def test_the_servers_own_lines_say_whether_slots_or_kv_bound():
+def test_the_servers_own_lines_say_whether_slots_or_kv_bound_and_the_pace():
     log = ("Prefill batch, #new-seq: 3, #new-token: 40, #cached-token: 300, token usage: 0.01, #running-req: 13\n"
-           "Decode batch, #running-req: 16, #token: 900, token usage: 0.05, #queue-req: 180\n"
-           "Decode batch, #running-req: 16, #token: 1200, token usage: 0.07, #retracted_reqs: 0\n")
-    assert study.server_load(log) == {"max_running": 16, "max_token_usage": 0.07, "cached_tokens": 300,
-                                      "retracted": 0}
+           "Decode batch, #running-req: 16, #token: 900, token usage: 0.05, cpu graph: False, "
+           "gen throughput (token/s): 400.0, #queue-req: 180\n"
+           "Decode batch, #running-req: 16, #token: 1200, token usage: 0.07, cpu graph: False, "
+           "gen throughput (token/s): 440.0, #retracted_reqs: 0\n"
+           "Decode batch, #running-req: 1, #token: 2000, token usage: 0.01, cpu graph: False, "
+           "gen throughput (token/s): 90.0, #queue-req: 0\n")
+    assert study.server_load(log) == {"pace_tok_s": 420.0, "max_running": 16, "max_token_usage": 0.07,
+                                      "cached_tokens": 300, "retracted": 0}
+
+
+def test_pace_adjustment_scales_times_by_the_runs_pace_over_the_reference():
+    """A run on a machine 10% slower than fcfs's (360 against 400 tokens/s at full slots) gets its times cut by 10%."""
+    found = run(1.0, 20.0)
+    found["load"] = {"pace_tok_s": 360.0}
+    paced = study.pace_adjusted(found, 400.0)
+    assert paced["mean TTFT s"] == pytest.approx(21.0 * 0.9) and paced[study.MAKESPAN] == pytest.approx(11.0 * 0.9)
+    assert paced["throughput tok/s"] == pytest.approx(11.0 / 0.9)

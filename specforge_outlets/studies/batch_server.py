@@ -95,6 +95,7 @@ SEED_SHUFFLE = 1  # the shuffled rung's permutation, apart from the draw's --see
 RUNNING = re.compile(r"#running-req: (\d+)")
 TOKEN_USAGE = re.compile(r"token usage: ([\d.]+)")
 CACHED = re.compile(r"#cached-token: (\d+)")
+DECODE_PACE = re.compile(r"Decode batch, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
 
 
 def rungs_of(server_name: str) -> tuple:
@@ -233,7 +234,10 @@ METRICS = (  # (column, class, key in summarize_records' metrics); makespan is a
 MAKESPAN = "makespan s"
 COLUMNS = tuple(column for column, _, _ in METRICS) + (MAKESPAN,)
 AIM_COLUMNS = {"mean TTFT s": AIM_MEAN_TTFT, "P99 TTFT s": AIM_TAILS, "short P99 s": AIM_TAILS, "long P99 s": AIM_TAILS}
-VIEWS = ("charged", "free")  # the outlets runs counted from the pass's start, and from the batch's
+# the outlets runs counted from the pass's start, from the batch's, and from the pass's start at the fcfs runs' pace
+VIEWS = ("charged", "free", "charged, pace-adjusted")
+PACED = VIEWS[2]
+THROUGHPUT = "throughput tok/s"
 
 
 def batch_metrics(records: Sequence[RequestRecord], charge_s: float) -> Dict[str, float]:
@@ -246,8 +250,13 @@ def batch_metrics(records: Sequence[RequestRecord], charge_s: float) -> Dict[str
 
 
 def server_load(server_log: str) -> dict:
-    """What the server's own lines say of a run: peak running requests and KV use, prefix hits, retractions."""
-    return {"max_running": max(map(int, RUNNING.findall(server_log)), default=None),
+    """What the server's own lines say of a run: peak running requests and KV use, prefix hits, retractions, and
+    its pace: the median output tokens/s of its logged decode steps with every slot running (the machine's
+    speed, which other processes on this CPU move between runs, apart from the order's)."""
+    steps = [(int(running), float(rate)) for running, rate in DECODE_PACE.findall(server_log)]
+    full = max((running for running, _ in steps), default=None)
+    return {"pace_tok_s": statistics.median(rate for running, rate in steps if running == full) if steps else None,
+            "max_running": max(map(int, RUNNING.findall(server_log)), default=None),
             "max_token_usage": max(map(float, TOKEN_USAGE.findall(server_log)), default=None),
             "cached_tokens": sum(map(int, CACHED.findall(server_log))),
             "retracted": sum(map(int, RETRACTED.findall(server_log)))}
@@ -269,6 +278,13 @@ def read_run(out: str) -> Optional[dict]:
             "free": batch_metrics(records, 0.0), "load": load}
 
 
+def pace_adjusted(run: dict, reference_tok_s: float) -> Dict[str, float]:
+    """A run's charged columns as at the ``reference_tok_s`` pace: each time scaled by its pace over the reference."""
+    scale = run["load"]["pace_tok_s"] / reference_tok_s
+    return {column: value / scale if column == THROUGHPUT else value * scale
+            for column, value in run["charged"].items()}
+
+
 def report(args) -> None:
     with open(os.path.join(args.runs_dir, "config.json")) as handle:
         config = json.load(handle)
@@ -281,6 +297,10 @@ def report(args) -> None:
                 rows.append({"server": server_name, "rung": rung, "runs": runs})
     if not any(row["server"] == "fcfs" for row in rows):
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run the `run` stage first")
+    reference = statistics.median(run["load"]["pace_tok_s"] for run in find(rows, "fcfs")["runs"])
+    for row in rows:
+        for found in row["runs"]:
+            found[PACED] = pace_adjusted(found, reference)
     result = {"command": "python benchmarks/batch_server_study.py " + " ".join(sys.argv[1:]), **config,
               "model": "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
     result["verdict"] = verdict(rows)
@@ -299,19 +319,25 @@ def find(rows: Sequence[dict], server: str, rung: str = "none") -> Optional[dict
 
 
 def ratio(row: dict, base: dict, view: str, column: str) -> tuple:
-    """``row``'s median over ``base``'s median (its fcfs view: a peer has no pass), and the runs' [min, max]."""
-    reference = median_of(base, "free", column)
+    """``row``'s median over ``base``'s median in ``view``, and the runs' [min, max] over the same."""
+    reference = median_of(base, view, column)
     values = [run[view][column] / reference for run in row["runs"]]
     return median_of(row, view, column) / reference, min(values), max(values)
 
 
 def verdict(rows: Sequence[dict]) -> dict:
-    """Issue 45's aim and the ladder's order on mean TTFT, each with the ratios they rest on (medians)."""
+    """Issue 45's aim against the best prediction-free peer of each view and the ladder's order on mean TTFT,
+    each with the ratios they rest on (medians), and the A/A control's ratios to fcfs beside them."""
     peers = [row for row in (find(rows, name) for name in PEERS) if row]
-    peer = min(peers, key=lambda row: median_of(row, "free", "mean TTFT s"))
-    found = {"peer": peer["server"]}
     outlets = find(rows, "outlets sjf", "outlets")
+    control = find(rows, "fcfs (A/A control)")
+    found = {}
     for view in VIEWS:
+        peer = min(peers, key=lambda row: median_of(row, view, "mean TTFT s"))
+        found[f"peer ({view})"] = peer["server"]
+        if control:  # the spread between two sessions of one policy, beside every ratio
+            found[f"A/A ({view})"] = {column: ratio(control, find(rows, "fcfs"), view, column)[0]
+                                      for column in AIM_COLUMNS}
         if outlets:
             ratios = {column: ratio(outlets, peer, view, column)[0] for column in AIM_COLUMNS}
             found[f"aim ({view})"] = {"ratios": ratios,
@@ -333,8 +359,11 @@ def render(result: dict) -> str:
              f"--max-running-requests {result['max_running']}, --max-total-tokens {result['max_total_tokens']})", "",
              f"`{result['command']}`; {result['model']}. Each cell: the median over repetitions [min-max], then its "
              "ratio to fcfs's median (xR [min-max of the runs' ratios]). Charged: the outlets runs counted from the "
-             "start of their prefill-only pass (the batch's submission); free: from the batch's start (a lower bound). "
-             "The prediction-free servers have no pass: both views are the same.", ""]
+             "start of their prefill-only pass (the batch's submission); free: from the batch's start (a lower bound); "
+             "charged, pace-adjusted: charged, each run's times scaled by its pace (the median output tokens/s of its "
+             "logged decode steps with every slot running) over the fcfs runs' median pace, so that what other "
+             "processes on this CPU did to a run's speed is taken out of the order's effect. The prediction-free "
+             "servers have no pass: their charged and free views are the same.", ""]
     for view in VIEWS:
         lines += [f"## {view}", "", "| server | rung | runs | " + " | ".join(COLUMNS) + " |",
                   "|---|---|---:|" + "---:|" * len(COLUMNS)]
@@ -349,29 +378,35 @@ def render(result: dict) -> str:
             lines.append(f"| {row['server']} | {row['rung']} | {len(row['runs'])} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## The prefill-only pass and the servers' load", "",
-              "| server | rung | pass s | pass share of charged makespan | max running | max token usage | "
-              "prefix-cached tokens | retracted |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+              "| server | rung | pass s | pass share of charged makespan | pace tok/s | max running | max token usage | "
+              "prefix-cached tokens | retracted |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         passes = [run["pass_s"] for run in row["runs"]]
         shares = [run["pass_s"] / run["charged"][MAKESPAN] for run in row["runs"]]
         loads = [run["load"] for run in row["runs"]]
         lines.append(f"| {row['server']} | {row['rung']} | {statistics.median(passes):.1f} "
                      f"[{min(passes):.1f}-{max(passes):.1f}] | {statistics.median(shares):.1%} | "
+                     f"{statistics.median(load['pace_tok_s'] for load in loads):.0f} "
+                     f"[{min(load['pace_tok_s'] for load in loads):.0f}-{max(load['pace_tok_s'] for load in loads):.0f}] | "
                      f"{max((load['max_running'] or 0) for load in loads)} | "
                      f"{max((load['max_token_usage'] or 0) for load in loads):.2f} | "
                      f"{statistics.median(load['cached_tokens'] for load in loads):.0f} | "
                      f"{sum(load['retracted'] for load in loads)} |")
     found = result["verdict"]
-    lines += ["", f"## Verdict (peer: SGLang `{found['peer']}`, the best prediction-free server by mean TTFT)", ""]
+    lines += ["", "## Verdict (peer: the best prediction-free server of each view by mean TTFT)", ""]
     for view in VIEWS:
         if f"aim ({view})" in found:
             aim = found[f"aim ({view})"]
-            lines.append(f"- aim, pass {view}: {'holds' if aim['holds'] else 'does not hold'} ("
+            lines.append(f"- aim, {view}, against SGLang `{found[f'peer ({view})']}`: "
+                         f"{'holds' if aim['holds'] else 'does not hold'} ("
                          + ", ".join(f"{column} x{value:.2f}" for column, value in aim["ratios"].items())
-                         + f"; needs mean TTFT <= x{AIM_MEAN_TTFT}, the tails <= x{AIM_TAILS})")
+                         + f"; needs mean TTFT <= x{AIM_MEAN_TTFT}, the tails <= x{AIM_TAILS})"
+                         + (f"; the A/A control, fcfs against fcfs: " + ", ".join(
+                             f"x{value:.2f}" for value in found[f"A/A ({view})"].values())
+                            if f"A/A ({view})" in found else ""))
         if f"order ({view})" in found:
             order = found[f"order ({view})"]
-            lines.append(f"- mean TTFT, pass {view}: " + ", ".join(f"{rung} {value:.1f} s" for rung, value in
+            lines.append(f"- mean TTFT, {view}: " + ", ".join(f"{rung} {value:.1f} s" for rung, value in
                                                                     order["mean TTFT s"].items())
                          + f"; constant >= shuffled: {order['constant >= shuffled']}, constant >= outlets >= oracle: "
                          f"{order['constant >= outlets >= oracle']}")
@@ -395,10 +430,10 @@ def plot(args) -> None:
     fcfs = find(result["rows"], "fcfs")
     fig, axes = plt.subplots(1, len(PLOTTED), figsize=(3.6 * len(PLOTTED), 4.5), sharey=True)
     for axis, column in zip(axes, PLOTTED):
-        for view, offset, color in (("charged", -0.2, "C0"), ("free", 0.2, "C1")):
+        for view, offset, color in zip(VIEWS, (-0.27, 0.0, 0.27), ("C0", "C1", "C2")):
             found = [ratio(row, fcfs, view, column) for row in rows]
             axis.barh([index + offset for index in range(len(rows))], [value - 1 for value, _, _ in found], left=1,
-                      height=0.4, color=color, label=f"pass {view}",
+                      height=0.27, color=color, label=view,
                       xerr=[[value - low for value, low, _ in found], [high - value for value, _, high in found]])
         axis.axvline(1.0, color="0.3", linewidth=0.8)
         if column in AIM_COLUMNS:
