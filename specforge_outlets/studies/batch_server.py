@@ -29,6 +29,10 @@ each request generating exactly its recorded length, the scheduler pinned to a c
   r̂₀ shuffled across the requests (seeded), OUTLETS r̂₀ and the oracle (the recorded length); and
   longest-predicted-first with OUTLETS r̂₀ (the makespan). Every repetition starts a fresh session of each
   server, in an order rotated by one each time.
+- **Arrival order**: requests sent at once reach the scheduler in the order their connections land, a rotation
+  of the client's order that differs per session, and each server's first round admits what has arrived before
+  the rest; so every FCFS session is another random order of the batch's lengths, which the A/A control's spread
+  shows.
 
 Stages, each resumable (a finished run is kept and skipped):
 
