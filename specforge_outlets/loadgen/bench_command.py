@@ -278,12 +278,18 @@ async def _drive(requests, urls: Sequence[str], sampling, timeout_s: float, max_
     return list(records)
 
 
-def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict[str, float]]:
-    """The simulator's metrics from client records (times relative to the run's start)."""
+def summarize_records(records, short_threshold: int, slo=None, charge_s: float = 0.0) -> Dict[str, Dict[str, float]]:
+    """The simulator's metrics from client records (times relative to the run's start).
+
+    ``charge_s``: seconds before its sending that each request's latencies count from, e.g. a prefill-only
+    pass that had to run before the batch was sent (its TTFT, end-to-end and the makespan then include it).
+    """
     import numpy as np
 
     from specforge_outlets.serving.metrics import summarize_requests
 
+    if not (charge_s >= 0 and math.isfinite(charge_s)):
+        raise ValueError(f"charge_s must be a finite number of seconds >= 0, got {charge_s}")
     sent = np.array([record.sent_s for record in records], dtype=np.float64)
     ttft = np.array([math.nan if record.ttft_s is None else record.ttft_s for record in records], dtype=np.float64)
     e2e = np.array([record.e2e_s for record in records], dtype=np.float64)
@@ -298,7 +304,7 @@ def summarize_records(records, short_threshold: int, slo=None) -> Dict[str, Dict
         values = np.concatenate(selected) if selected else np.zeros(0)
         return values, np.ones(len(values))
 
-    return summarize_requests(sent, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
+    return summarize_requests(sent - charge_s, sent + ttft, sent + e2e, outputs, class_lens=class_lens, success=success,
                               short_threshold=short_threshold, slo=slo, token_gaps=token_gaps)
 
 

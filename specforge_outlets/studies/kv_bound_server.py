@@ -68,6 +68,7 @@ Stages, each resumable (a finished run is kept and skipped):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -93,6 +94,8 @@ FIGURE = os.path.join(REPO, "docs", "figures", "kv-bound-server.png")
 MAX_NEW_TOKENS = 2048  # the label set's generation limit: the cap every request is sent with
 END_TOKEN_ID = 2  # SmolLM2's <|im_end|>, where an assistant turn ends (its generation config's eos_token_id)
 SHORT_THRESHOLD = 800  # short requests: fewer output tokens; also the tail-safe long class
+# each request generates exactly its recorded length, ended by the server under the label set's cap
+EXACT_LENGTHS = ["--end-at-output-len", str(END_TOKEN_ID), "--max-new-tokens", str(MAX_NEW_TOKENS)]
 KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
 SGLANG_KV_CHARGE = ["--outlets-kv-admission", "sglang"]  # named, not left to the plugin's default
@@ -325,16 +328,23 @@ def run(args) -> None:
 
 def run_session(args, server_name: str, repetition: int, predictors, dataset: str, model: str, common) -> None:
     """One server session of ``server_name``: its ``predictors`` of one repetition, one after another."""
+    log_path = os.path.join(args.runs_dir, "logs", f"{slug(server_name)}.rep{repetition}.server.log")
+    with pinned_server(model, common + SERVERS[server_name], log_path) as server:
+        print(f"{server_name} #{repetition}: server up in {server.start_seconds:.0f} s", flush=True)
+        run_predictors(args, server, server_name, repetition, predictors, dataset, model, log_path)
+
+
+@contextlib.contextmanager
+def pinned_server(model: str, flags: List[str], log_path: str):
+    """A fresh SGLang server of the serving environment with ``flags``, its scheduler pinned (``pin_server``)."""
     from specforge_outlets.loadgen.sglang_server import SGLangServer
 
-    log_path = os.path.join(args.runs_dir, "logs", f"{slug(server_name)}.rep{repetition}.server.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with SGLangServer(model, common + SERVERS[server_name], log_path=log_path, python=SERVE_PYTHON,
+    with SGLangServer(model, flags, log_path=log_path, python=SERVE_PYTHON,
                       env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
                       cwd=REPO) as server:
-        print(f"{server_name} #{repetition}: server up in {server.start_seconds:.0f} s", flush=True)
         pin_server(server.process.pid)
-        run_predictors(args, server, server_name, repetition, predictors, dataset, model, log_path)
+        yield server
 
 
 def pin_server(pid: int) -> None:
@@ -354,26 +364,13 @@ def pin_server(pid: int) -> None:
 def run_predictors(args, server, server_name: str, repetition: int, predictors, dataset: str, model: str,
                    log_path: str) -> None:
     """The runs of one server session, one predictor after another."""
-    from specforge_outlets.cli import main as outlets
-
     for predictor in predictors:
         out = run_dir(args, server_name, predictor, repetition)
         log_start = os.path.getsize(log_path)
-        sent = {"none": [], "oracle": ["--oracle-prediction"]}.get(
-            predictor, ["--predictions", predictions_path(args.runs_dir, predictor)])
         started = time.monotonic()
-        code = outlets(["bench-serving", "--base-url", server.url, "--dataset", dataset, "--rate", str(args.rate),
-                        "--seed", str(args.seed),
-                        "--tokenizer", model, "--end-at-output-len", str(END_TOKEN_ID),
-                        "--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0",
-                        "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "3600",
-                        "--label", f"{server_name} | {predictor}", "--output", out + ".partial"] + sent)
-        if code != 0:
-            raise SystemExit(f"{server_name} | {predictor} #{repetition}: bench-serving exited {code}; "
-                             f"see {out}.partial and {log_path}")
-        with open(log_path, encoding="utf-8", errors="replace") as handle:
-            handle.seek(log_start)
-            server_log = handle.read()
+        send_dataset(server.url, dataset, model, out + ".partial", f"{server_name} | {predictor}", args.rate,
+                     args.seed, predictions_sent(args.runs_dir, predictor))
+        server_log = log_since(log_path, log_start)
         retracted = sum(int(count) for count in RETRACTED.findall(server_log))
         write_text_atomic(os.path.join(out + ".partial", "retractions.json"), json.dumps({"retracted": retracted}))
         # the server's own lines of this run: the step model of the simulator check is fitted to them
@@ -381,6 +378,32 @@ def run_predictors(args, server, server_name: str, repetition: int, predictors, 
         os.replace(out + ".partial", out)  # a run counts as done only when all of it is there
         print(f"{server_name} | {predictor} #{repetition}: {time.monotonic() - started:.0f} s, "
               f"{retracted} retracted", flush=True)
+
+
+def predictions_sent(directory: str, predictor: str) -> List[str]:
+    """bench-serving's flags that send ``predictor``'s values: none, the exact lengths, or its file in ``directory``."""
+    return {"none": [], "oracle": ["--oracle-prediction"]}.get(
+        predictor, ["--predictions", predictions_path(directory, predictor)])
+
+
+def send_dataset(url: str, dataset: str, model: str, output: str, label: str, rate: float, seed: int,
+                 sent: List[str], generation: List[str] = EXACT_LENGTHS) -> None:
+    """One ``outlets bench-serving`` run of ``dataset`` against ``url`` into ``output``; a failed run stops the study."""
+    from specforge_outlets.cli import main as outlets
+
+    code = outlets(["bench-serving", "--base-url", url, "--dataset", dataset, "--rate", str(rate), "--seed", str(seed),
+                    "--tokenizer", model, *generation, "--temperature", "0",
+                    "--short-threshold", str(SHORT_THRESHOLD), "--timeout", "3600",
+                    "--label", label, "--output", output] + sent)
+    if code != 0:
+        raise SystemExit(f"{label}: bench-serving exited {code}; see {output} and the server's log")
+
+
+def log_since(log_path: str, start: int) -> str:
+    """The server's log lines written since byte ``start`` (one run's)."""
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        handle.seek(start)
+        return handle.read()
 
 
 def run_dir(args, server_name: str, predictor: str, repetition: int) -> str:

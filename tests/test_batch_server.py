@@ -1,0 +1,97 @@
+"""The offline batch on real servers (benchmarks/batch_server_study.py): its logic without servers."""
+
+import pytest
+
+from specforge_outlets.loadgen.bench_command import summarize_records
+from specforge_outlets.loadgen.client import RequestRecord
+from specforge_outlets.studies import batch_server as study
+
+
+def record(request_id: str, sent_s: float, ttft_s: float, e2e_s: float, output_len: int) -> RequestRecord:
+    return RequestRecord(id=request_id, url="u", scheduled_s=0.0, sent_s=sent_s, ttft_s=ttft_s, e2e_s=e2e_s,
+                         output_len=output_len, expected_output_len=output_len, success=True)
+
+
+RECORDS = [record("a", 0.0, 1.0, 3.0, 100), record("b", 0.5, 2.0, 9.5, 900)]
+
+
+def test_the_pass_is_charged_onto_every_latency_and_the_makespan():
+    """A 4 s pass before the batch: TTFT and end-to-end grow by 4 s per request, the makespan by 4 s, and the
+    throughput falls with it; with no charge the figures are bench-serving's own."""
+    free, charged = study.batch_metrics(RECORDS, 0.0), study.batch_metrics(RECORDS, 4.0)
+    assert free["mean TTFT s"] == pytest.approx(1.5) and charged["mean TTFT s"] == pytest.approx(5.5)
+    assert charged["P99 TTFT s"] - free["P99 TTFT s"] == pytest.approx(4.0)
+    assert free["mean e2e s"] == pytest.approx(6.25) and charged["mean e2e s"] == pytest.approx(10.25)
+    assert charged["short P99 s"] == pytest.approx(7.0) and charged["long P99 s"] == pytest.approx(13.5)
+    assert free[study.MAKESPAN] == pytest.approx(10.0) and charged[study.MAKESPAN] == pytest.approx(14.0)
+    assert free["throughput tok/s"] == pytest.approx(100.0) and charged["throughput tok/s"] == pytest.approx(1000 / 14)
+    assert summarize_records(RECORDS, 800)["all"]["ttft_mean_s"] == free["mean TTFT s"]
+    with pytest.raises(ValueError, match="charge_s"):
+        summarize_records(RECORDS, 800, charge_s=-1.0)
+
+
+def test_the_shuffled_rung_permutes_outlets_values_across_the_requests():
+    rows = [{"id": f"p{index}/0", "predicted_output_len": float(10 * index)} for index in range(50)]
+    shuffled = study.shuffled_rows(rows, seed=1)
+    assert [row["id"] for row in shuffled] == [row["id"] for row in rows]
+    assert sorted(row["predicted_output_len"] for row in shuffled) == [row["predicted_output_len"] for row in rows]
+    assert shuffled != rows and shuffled == study.shuffled_rows(rows, seed=1)
+
+
+def test_only_the_order_differs_between_the_outlets_servers_and_sglangs():
+    """The outlets servers keep SGLang's own KV charge; no server drops the radix cache the pass fills; the
+    prediction-free servers get no prediction and the ladder runs on SJF."""
+    for name, flags in study.SERVERS.items():
+        assert "--disable-radix-cache" not in flags + study.SERVER_ARGS
+        if name.startswith("outlets"):
+            assert flags[-2:] == ["--outlets-kv-admission", "sglang"]
+            assert name in study.RUNGS
+        else:
+            assert study.rungs_of(name) == ("none",)
+    assert study.rungs_of("outlets sjf") == ("constant", "shuffled", "outlets", "oracle")
+
+
+def run(pass_s: float, mean_ttft: float, tails: float = 10.0) -> dict:
+    """A run whose charged columns are its free ones plus the pass."""
+    free = {column: tails for column in study.COLUMNS}
+    free["mean TTFT s"] = mean_ttft
+    charged = {column: value + pass_s for column, value in free.items()}
+    return {"pass_s": pass_s, "free": free, "charged": charged, study.PACED: charged}
+
+
+def test_the_verdict_reads_the_aim_against_the_best_peer_with_the_pass_charged():
+    rows = [{"server": "fcfs", "rung": "none", "runs": [run(0, 10.0), run(0, 12.0)]},
+            {"server": "fcfs (A/A control)", "rung": "none", "runs": [run(0, 12.0)]},
+            {"server": "lof", "rung": "none", "runs": [run(0, 10.0)]}]
+    rows += [{"server": "outlets sjf", "rung": rung, "runs": [run(0.5, mean)]}
+             for rung, mean in (("constant", 11.0), ("shuffled", 11.5), ("outlets", 8.0), ("oracle", 4.0))]
+    found = study.verdict(rows)
+    assert found["peer (free)"] == found["peer (charged)"] == "lof"  # 10.0 s against fcfs's median 11.0 s
+    assert found["aim (free)"]["holds"] and found["aim (free)"]["ratios"]["mean TTFT s"] == pytest.approx(0.8)
+    # charged: mean TTFT 8.5 / 10 = 0.85 holds, but the 0.5 s pass puts every tail at 1.05x
+    assert found["aim (charged)"]["ratios"]["mean TTFT s"] == pytest.approx(0.85)
+    assert not found["aim (charged)"]["holds"]
+    assert not found["order (free)"]["constant >= shuffled"]
+    assert found["A/A (free)"]["mean TTFT s"] == pytest.approx(12 / 11)  # fcfs's second session against the median
+    assert found["order (charged)"]["constant >= outlets >= oracle"]
+
+
+def test_the_servers_own_lines_say_whether_slots_or_kv_bound_and_the_pace():
+    log = ("Prefill batch, #new-seq: 3, #new-token: 40, #cached-token: 300, token usage: 0.01, #running-req: 13\n"
+           "Decode batch, #running-req: 16, #token: 900, token usage: 0.05, cpu graph: False, "
+           "gen throughput (token/s): 400.0, #queue-req: 180\n"
+           "Decode batch, #running-req: 16, #token: 1200, token usage: 0.07, cpu graph: False, "
+           "gen throughput (token/s): 440.0, #retracted_reqs: 0\n"
+           "Decode batch, #running-req: 1, #token: 2000, token usage: 0.01, cpu graph: False, "
+           "gen throughput (token/s): 90.0, #queue-req: 0\n")
+    assert study.server_load(log) == {"pace_tok_s": 420.0, "max_running": 16, "max_token_usage": 0.07,
+                                      "cached_tokens": 300, "retracted": 0}
+
+
+def test_pace_adjustment_scales_times_by_the_runs_pace_over_the_reference():
+    """A run on a machine 10% slower than fcfs's (360 against 400 tokens/s at full slots) gets its times cut by 10%."""
+    found = run(1.0, 20.0)
+    found["load"] = {"pace_tok_s": 360.0}
+    paced = study.pace_adjusted(found, 400.0)
+    assert paced["mean TTFT s"] == pytest.approx(21.0 * 0.9) and paced[study.MAKESPAN] == pytest.approx(11.0 * 0.9)
+    assert paced["throughput tok/s"] == pytest.approx(11.0 / 0.9)
