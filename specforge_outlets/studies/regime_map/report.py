@@ -160,7 +160,7 @@ def headline_rows(summaries: List[dict]) -> List[str]:
         controls = " / ".join(f"{cell['runs'][sibling(cell, best, rung)]['ratio']['ttft_mean_s']:.2f}"
                               for rung in (*CONTROLS, "oracle"))
         rows.append(f"| {cell['regime']} | {load_text(cell)} | {cell['best_peer']['ttft_mean_s']} | "
-                    f"{cell['runs'][default]['over']}: {d['ttft_mean_s']:.2f} / {d['ttft_p99_s']:.2f} / "
+                    f"{cell['runs'][default]['config'].replace(PLUGIN_DEFAULT + ' ', '')}: {d['ttft_mean_s']:.2f} / {d['ttft_p99_s']:.2f} / "
                     f"{d['short_p99_s']:.2f} / {d['long_p99_s']:.2f} / {d['goodput_rps']:.2f} | "
                     f"{alignment_text(cell, default)} | {shown(best.replace(' | outlets r0', ''))} | "
                     f"{b['ttft_mean_s']:.2f} / {b['ttft_p99_s']:.2f} / {b['long_p99_s']:.2f} | {controls} | "
