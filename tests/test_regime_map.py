@@ -154,7 +154,7 @@ def test_the_l4_cluster_has_its_own_cache_from_its_memory():
     cluster = regimes.CLUSTERS["colocated x4 L4"]()
     assert (L4.memory_bytes, L4.memory_bandwidth, L4.dense_bf16_flops) == (24e9, 300e9, 121e12)
     weights, per_token = 8.03e9 * 2, 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B in bf16
-    assert cluster.kv_capacity() == int((24e9 * regimes.L4_MEMORY_FRACTION - weights) // per_token) == 30731
+    assert cluster.kv_capacity() == int((24e9 * cluster.memory_fraction - weights) // per_token) == 38604
     assert LLAMA_3_1_8B.kv_bytes_per_token == per_token
     assert cluster.kv_capacity() < regimes.CLUSTERS["colocated x4"]().kv_capacity() / 10
     # the L4's decode step reads the weights at its own bandwidth: about seven times an H100's

@@ -37,20 +37,19 @@ def colocated(name: str) -> ClusterConfig:
     return study.cluster_for(name, KVAdmission.SGLANG, None)
 
 
-# SGLang's settings for a card under 35 GiB (ServerArgs._handle_gpu_memory_settings): --chunked-prefill-size 2048,
-# cuda_graph_max_bs 24, and --mem-fraction-static (memory - reserved) / memory with reserved = 512 MiB + 1.5 x the
-# chunk + 2 x cuda_graph_max_bs + 128 MiB (tp 1): 3,760 MiB of the L4's 23,034 MiB
-L4_CHUNKED_PREFILL_SIZE = 2048
-L4_MEMORY_FRACTION = 0.837
+# SGLang 0.5.23's --chunked-prefill-size on a card under 35 GiB (arg_groups/memory_hook.py)
+L4_CHUNKED_PREFILL_SIZE = 4096
 
 
 def colocated_l4() -> ClusterConfig:
-    """Four data-parallel L4s serving Llama-3.1-8B: the datasheet's step time (``hardware.L4``) and the cache its
-    memory leaves, with SGLang's settings for a card of that size. ``kv_capacity()``: (24 GB x 0.837 - 16.06 GB of
-    weights) / 128 KiB per token = 30,731 tokens per instance (an H100's is 454,188): SGLang's reservation of
-    max_new_tokens (2,048) for each request binds the cache before the 256-request cap does."""
-    return dataclasses.replace(colocated("colocated x4"), gpu=L4.name, chunked_prefill_size=L4_CHUNKED_PREFILL_SIZE,
-                               memory_fraction=L4_MEMORY_FRACTION)
+    """Four data-parallel L4s serving Llama-3.1-8B: the datasheet's step time (``hardware.L4``), SGLang's chunk for a
+    card of its size, and the cache its memory leaves at the simulator's memory fraction (0.88, as the H100's).
+    ``kv_capacity()``: (24 GB x 0.88 - 16.06 GB of weights) / 128 KiB per token = 38,604 tokens per instance (an
+    H100's: 454,188), so SGLang's reservation of max_new_tokens (2,048) per request binds the cache long before
+    the 256-request cap. (SGLang 0.5.23's own --mem-fraction-static heuristic would reserve about 6.9 GiB for
+    activations and graphs there, leaving an 8B model about 6k tokens: a user serving it on an L4 sets the
+    fraction.)"""
+    return dataclasses.replace(colocated("colocated x4"), gpu=L4.name, chunked_prefill_size=L4_CHUNKED_PREFILL_SIZE)
 
 
 CLUSTERS: Dict[str, Callable[[], ClusterConfig]] = {
@@ -61,7 +60,7 @@ CLUSTERS: Dict[str, Callable[[], ClusterConfig]] = {
 }
 # requests/s near each cluster's capacity (issue 45's figures; L4: a rough first bisection); the bisection's first
 # bracket is half to 1.5 times it
-CAPACITY_HINTS = {"colocated x4": 50.0, "PD 2P+2D": 32.0, "PD 1P+3D": 48.0, "colocated x4 L4": 1.2}
+CAPACITY_HINTS = {"colocated x4": 50.0, "PD 2P+2D": 32.0, "PD 1P+3D": 48.0, "colocated x4 L4": 1.5}
 CAPACITY_REQUESTS = 16000  # per bisection probe: a shorter trace is still filling when its window opens
 
 LOADS = (0.7, 0.9, 1.0, 1.2)  # fractions of capacity
