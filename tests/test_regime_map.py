@@ -144,6 +144,13 @@ def test_a_batch_cell_runs_every_prediction_point_and_reports_ratios(tmp_path):
         "ttft_mean_s"] > runs["sjf over total_requests | oracle | at arrival (free: a lower bound)"]["mean"]["whole"][
         "ttft_mean_s"])
     assert report.best_outlets(summary).endswith(("at prefill", "pass charged)"))
+    # a layered configuration's ratios to the peer it is layered on, seed by seed
+    label = f"{PLUGIN_DEFAULT} over total_requests | oracle | at prefill"
+    seeds = [{run["label"]: run for run in cell["runs"]} for cell in cells.read_cells(str(tmp_path))]
+    base = runs[label]["over"]
+    assert runs[label]["ratio_to_base"]["makespan_s"] == pytest.approx(np.mean(
+        [seed[label]["whole"]["makespan_s"] / seed[base]["whole"]["makespan_s"] for seed in seeds]))
+    assert runs[base]["ratio_to_base"] is None
     best = summary["best_peer"]["ttft_mean_s"]
     assert summary["runs"][best]["ratio"]["ttft_mean_s"] == pytest.approx(1.0)
     assert all(run["ratio"]["ttft_mean_s"] >= 1.0 - 1e-9 for label, run in summary["runs"].items()
