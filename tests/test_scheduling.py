@@ -35,6 +35,8 @@ from specforge_outlets.scheduling import (
     is_predicted_long,
     create_router,
     least_predicted_work_rank,
+    least_requests_rank,
+    least_requests_then_work_rank,
     predicted_output_budget,
     predicted_remaining,
     rank_load,
@@ -436,6 +438,21 @@ def test_least_predicted_work_picks_least_work_then_fewest_requests():
     short_rank = rank_load([(60.0, 10)] * 5, 256)
     assert router.select([long_rank, short_rank]) == 1
     assert least_predicted_work_rank([RankLoad(4, 10.0), RankLoad(2, 10.0), RankLoad(2, 10.0)]) == 1
+
+
+def test_least_requests_then_work_keeps_the_fewest_requests_over_less_work():
+    router = create_router(RoutingPolicy.LEAST_REQUESTS_THEN_WORK)
+    assert router.needs_predicted_work and not router.polls_loads
+    # A rank with one more request loses to the fewest, however little its predicted work.
+    loads = [RankLoad(3, 5.0), RankLoad(2, 1e6), RankLoad(4, 0.0)]
+    assert router.select(loads) == least_requests_rank(loads) == 1
+    assert least_predicted_work_rank(loads) != 1
+
+
+def test_least_requests_then_work_breaks_count_ties_by_least_work_then_lowest_index():
+    loads = [RankLoad(2, 900.0), RankLoad(5, 0.0), RankLoad(2, 300.0), RankLoad(2, 300.0)]
+    assert least_requests_then_work_rank(loads) == 2  # total_requests would take rank 0
+    assert least_requests_rank(loads) == 0
 
 
 def shares_chosen(router, loads, draws=6000):

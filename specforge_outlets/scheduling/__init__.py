@@ -104,6 +104,7 @@ from specforge_outlets.scheduling.routing import (
     DEFAULT_LOAD_POLL_INTERVAL_S,
     LeastPredictedWorkRouter,
     LeastRequestsRouter,
+    LeastRequestsThenWorkRouter,
     PowerOfTwoRouter,
     RankLoad,
     RoundRobinRouter,
@@ -112,6 +113,7 @@ from specforge_outlets.scheduling.routing import (
     create_router,
     least_predicted_work_rank,
     least_requests_rank,
+    least_requests_then_work_rank,
     rank_load,
 )
 
@@ -202,6 +204,7 @@ __all__ = [
     "DEFAULT_LOAD_POLL_INTERVAL_S",
     "LeastPredictedWorkRouter",
     "LeastRequestsRouter",
+    "LeastRequestsThenWorkRouter",
     "PowerOfTwoRouter",
     "RankLoad",
     "RoundRobinRouter",
@@ -210,5 +213,6 @@ __all__ = [
     "create_router",
     "least_predicted_work_rank",
     "least_requests_rank",
+    "least_requests_then_work_rank",
     "rank_load",
 ]

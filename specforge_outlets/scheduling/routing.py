@@ -8,7 +8,9 @@ load snapshots, the simulator from its instances.
 ``power-of-two`` is sglang-router's ``power_of_two``, which the external router runs in front of PD
 decode instances (docs/serving.md step 7); the plugin serves only least-predicted-work
 (``--load-balance-method outlets``), and the simulator runs power-of-two to measure what the router
-gives up against it.
+gives up against it. ``least-requests-then-work`` is SGLang's ``total_requests`` with its ties broken
+by the predicted work; the simulator runs it (``benchmarks/routing_rule.py``) as the candidate for
+``--load-balance-method outlets``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class RoutingPolicy(Enum):
     ROUND_ROBIN = "round-robin"
     LEAST_REQUESTS = "least-requests"
     LEAST_PREDICTED_WORK = "least-predicted-work"
+    LEAST_REQUESTS_THEN_WORK = "least-requests-then-work"
     POWER_OF_TWO = "power-of-two"  # sglang-router's power_of_two, simulated (the plugin does not route by it)
 
 
@@ -67,6 +70,18 @@ def least_requests_rank(loads: Sequence[RankLoad]) -> int:
 def least_predicted_work_rank(loads: Sequence[RankLoad]) -> int:
     """Rank with the least predicted outstanding work; ties by fewer requests, then lowest index."""
     return min(range(len(loads)), key=lambda rank: (loads[rank].predicted_work, loads[rank].num_requests, rank))
+
+
+def least_requests_then_work_rank(loads: Sequence[RankLoad]) -> int:
+    """Rank with the fewest requests; ties by least predicted work, then lowest index.
+
+    Where SGLang's ``total_requests`` has one choice this is it: when the running-request slots bind,
+    a request's admission waits on the queue ahead of it, so the count, not the predicted work,
+    decides its TTFT (the regime map's colocated overload: least predicted work 4.46x total_requests'
+    P99 TTFT, this rule 1.01x; ``benchmarks/data/routing-rule``). The predicted work only picks among
+    ranks that total_requests cannot tell apart.
+    """
+    return min(range(len(loads)), key=lambda rank: (loads[rank].num_requests, loads[rank].predicted_work, rank))
 
 
 class Router(ABC):
@@ -110,6 +125,15 @@ class LeastPredictedWorkRouter(Router):
         return least_predicted_work_rank(loads)
 
 
+class LeastRequestsThenWorkRouter(Router):
+    """Fewest requests, ties by least predicted work (:func:`least_requests_then_work_rank`)."""
+
+    needs_predicted_work = True
+
+    def select(self, loads: Sequence[RankLoad]) -> int:
+        return least_requests_then_work_rank(loads)
+
+
 class PowerOfTwoRouter(Router):
     """sglang-router 0.3.2's power_of_two: the less loaded of two distinct ranks drawn at random.
 
@@ -145,6 +169,8 @@ def create_router(policy: RoutingPolicy, seed: int = 0) -> Router:
         return LeastRequestsRouter()
     if policy is RoutingPolicy.LEAST_PREDICTED_WORK:
         return LeastPredictedWorkRouter()
+    if policy is RoutingPolicy.LEAST_REQUESTS_THEN_WORK:
+        return LeastRequestsThenWorkRouter()
     if policy is RoutingPolicy.POWER_OF_TWO:
         return PowerOfTwoRouter(seed)
     raise ValueError(f"unknown routing policy: {policy!r}")
