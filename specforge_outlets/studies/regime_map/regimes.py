@@ -165,10 +165,10 @@ def plugin_admission(mode: ClusterMode) -> KVAdmission:
 def layer_bases(mode: ClusterMode) -> Dict[str, str]:
     """The peers the plugin is layered on, by the name its configurations give them: SGLang's default, and
     total_requests with SGLang's default knobs (PD: with --max-running-requests PD_MAX_RUNNING)."""
-    if mode is ClusterMode.COLOCATED:
-        c, f, d = Setup("", "", KVAdmission.SGLANG).knobs
-        return {"SGLang default": SGLANG_DEFAULT, TOTAL_REQUESTS: f"SGLang {TOTAL_REQUESTS} c{c:g} f{f:g} d{d}"}
-    return {"SGLang default": SGLANG_DEFAULT, TOTAL_REQUESTS: f"SGLang {TOTAL_REQUESTS}, max running {PD_MAX_RUNNING}"}
+    total = Configuration(Setup(BALANCING[TOTAL_REQUESTS], "fcfs", KVAdmission.SGLANG),
+                          None if mode is ClusterMode.COLOCATED else PD_MAX_RUNNING)
+    return {"SGLang default": SGLANG_DEFAULT,
+            TOTAL_REQUESTS: next(name for name, peer in peers(mode).items() if peer == total)}
 
 
 PLUGIN_DEFAULT = "plugin default"  # the prefix of the plugin's default layered on a peer
