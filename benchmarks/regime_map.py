@@ -3,12 +3,15 @@
 Regimes (``REGIMES``): colocated (4 H100s, data-parallel, the GPU's own cache), PD decode-bound 2P+2D and the
 paper's 1P+3D (SGLang's decode pre-allocation), each with Poisson arrivals; bursts above capacity (colocated and
 2P+2D: ``arrivals.poisson_burst_arrival_times``); the Azure conversation trace's own timing (../shared or
-$OUTLETS_SHARED_DIR, only when present); and offline batches (N requests at once; makespan). Requests: the label
+$OUTLETS_SHARED_DIR, only when present); a memory-poor card (4 L4s, whose cache binds), Poisson and bursts; and
+offline batches (N requests at once, and every sample of each prompt at once; makespan). Requests: the label
 set's samples (the ladder's workload). Loads: 0.7, 0.9, 1.0 and 1.2 of each cluster's capacity, measured by a
-bisection in the simulator (``capacity.json``; ``regime_map.capacity``). Each cell runs SGLang's default and its
-best prediction-free configurations, and the plugin's default and SJF by r̂₀ with every rung of the ladder;
-r̂₀ acts from the end of prefill (a batch: also from arrival, its prefill-only pass charged). TTFT as SGLang
-reports it (PD: the first decode batch). Figures: whole trace and the steady window.
+bisection in the simulator (``capacity.json``; ``regime_map.capacity``), and a 16,000-request trace at capacity
+(colocated, 2P+2D). Each cell runs SGLang's default and its best prediction-free configurations, and the plugin
+layered on SGLang's default and on total_requests (its default order and admission, SJF, tail-safe by ranks,
+longest-predicted-first in batches, its opt-in routing) with the ladder's rungs; r̂₀ acts from the end of prefill
+(a batch: also from arrival, its prefill-only pass charged). TTFT as SGLang reports it (PD: the first decode
+batch). Figures: whole trace and the steady window.
 
 Stages, each resumable (a cell's JSON keeps its runs; a rerun simulates only what a cell lacks):
 
@@ -31,7 +34,7 @@ import os
 from specforge_outlets.studies.committed_data import REPO
 from specforge_outlets.studies.regime_map.cells import simulate
 from specforge_outlets.studies.regime_map.plot import plot
-from specforge_outlets.studies.regime_map.regimes import BATCH_SHAPES, LOADS, ONLINE_REQUESTS, REGIMES
+from specforge_outlets.studies.regime_map.regimes import BATCH_SHAPES, LOADS, LONG_REQUESTS, ONLINE_REQUESTS, REGIMES
 from specforge_outlets.studies.regime_map.report import report
 from specforge_outlets.studies.stages import run_stages
 
@@ -49,6 +52,8 @@ def main() -> None:
     parser.add_argument("--loads", type=float, nargs="+", default=list(LOADS), help="fractions of capacity")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--requests", type=int, default=ONLINE_REQUESTS, help="per online run")
+    parser.add_argument("--long-requests", type=int, default=LONG_REQUESTS,
+                        help="the long trace's requests, at capacity, in the regimes that have one (0: none)")
     parser.add_argument("--batch-shapes", type=int, nargs="+", default=list(BATCH_SHAPES), help="requests at once")
     parser.add_argument("--output", default=OUTPUT)
     parser.add_argument("--record", default=RECORD, help="the evaluation record the learned rungs read")

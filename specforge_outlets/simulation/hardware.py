@@ -58,10 +58,13 @@ class ModelSpec:
 H100_SXM = GPUSpec("H100-SXM", 80 * GIB, 3.35e12, 989e12)
 # NVIDIA H200 SXM 141GB datasheet: 4.8 TB/s HBM3e, same Hopper compute as H100 SXM.
 H200 = GPUSpec("H200", 141e9, 4.8e12, 989e12)
+# NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOP/s dense BF16 (242 with sparsity). A memory-poor card:
+# Llama-3.1-8B's 16 GB of weights leave it a cache of tens of thousands of tokens (ClusterConfig.kv_capacity).
+L4 = GPUSpec("L4", 24e9, 300e9, 121e12)
 # Llama-3.1-8B config.json: 8.03e9 parameters in bf16, 32 layers, 8 KV heads of dimension 128.
 LLAMA_3_1_8B = ModelSpec("Llama-3.1-8B", 8.03e9, 2, 32, 8, 128)
 
-GPUS = {spec.name: spec for spec in (H100_SXM, H200)}
+GPUS = {spec.name: spec for spec in (H100_SXM, H200, L4)}
 MODELS = {spec.name: spec for spec in (LLAMA_3_1_8B,)}
 
 # Fraction of peak HBM bandwidth that decode kernels (weight GEMVs, paged attention) achieve;

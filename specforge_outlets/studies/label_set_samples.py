@@ -49,6 +49,7 @@ class LabelSetSamples:
         samples = [[(int(record[p]["true_output_len"]), bool(record[p]["censored"]))] + others[p] for p in prompts]
         per_sample = len(NOISE_SAMPLES) + 1
         self.ids = [f"{p}/{k}" for p in prompts for k in range(per_sample)]
+        self.prompts = np.repeat(np.arange(len(prompts)), per_sample)  # each sample's prompt (an index)
         self.input_lens = np.repeat([input_len[p] for p in prompts], per_sample)
         self.output_lens = np.array([length for s in samples for length, _ in s])
         self.censored = np.array([cut for s in samples for _, cut in s])

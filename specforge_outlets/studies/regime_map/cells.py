@@ -1,9 +1,10 @@
-"""A cell of the map: one regime, shape, load and seed; SGLang's peers, and every prediction configuration with every
-rung (a batch: at both prediction points).
+"""A cell of the map: one regime, shape, load and seed; SGLang's peers, and every prediction configuration with its
+rungs (a batch: at every prediction point).
 
-A cell's JSON is written after each run, and a rerun simulates only the runs a cell lacks; ``simulate`` runs
-seed 0 of every cell before any other seed, so an interrupted map is whole at its first seed. Capacities are
-measured once per cluster (``capacity.json``) and kept.
+A cell's JSON is written after each run, and a rerun simulates only the runs a cell lacks or whose configuration
+changed (its routing, order, admission, knobs or --max-running-requests); ``simulate`` runs seed 0 of every cell
+before any other seed, so an interrupted map is whole at its first seed. Capacities are measured once per cluster
+(``capacity.json``) and kept.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ from specforge_outlets.studies.predictor_ladder.rungs import RUNGS as LADDER_RUN
 from specforge_outlets.studies.regime_map.arrivals import ARRIVALS
 from specforge_outlets.studies.regime_map.capacity import bisect_capacity, served_share
 from specforge_outlets.studies.regime_map.metrics import WINDOW, prediction_pass_s, run_figures
+from specforge_outlets.studies.regime_map.requests import DRAWS
 from specforge_outlets.studies.regime_map.regimes import (
     AT_ARRIVAL,
     AT_PREFILL,
     CAPACITY_HINTS,
     CAPACITY_REQUESTS,
     CLUSTERS,
+    LONG_LOAD,
     POINTS,
     REGIMES,
-    RUNGS,
     Configuration,
     Regime,
     load_label,
@@ -43,12 +45,12 @@ from specforge_outlets.studies.regime_map.regimes import (
 )
 
 
-def sample_trace(work, arrivals: str, rate: float, capacity: float, count: int, seed: int
+def sample_trace(work, arrivals: str, rate: float, capacity: float, count: int, seed: int, draw: str = "uniform"
                  ) -> Tuple[Trace, np.ndarray]:
-    """``count`` samples of the workload drawn uniformly (as the ladder's Poisson traces draw them, which this
-    reproduces for ``poisson``), arriving by the named process at a mean of ``rate``."""
+    """``count`` samples of the workload by the named draw (``uniform``: as the ladder's Poisson traces draw them,
+    which this reproduces for ``poisson``), arriving by the named process at a mean of ``rate``."""
     rng = np.random.default_rng(seed)
-    drawn = rng.integers(0, len(work.ids), size=count)
+    drawn = DRAWS[draw][0](rng, work, count)
     times = ARRIVALS[arrivals](rng, rate, capacity, count, seed)
     trace = Trace(f"{work.name}-{arrivals}-{rate:g}rps", [f"{work.ids[i]}#{n}" for n, i in enumerate(drawn)], times,
                   work.input_lens[drawn], work.output_lens[drawn])
@@ -96,47 +98,58 @@ def cell_path(output: str, regime: str, shape: int, load: Optional[float], seed:
     return os.path.join(output, "cells", f"{slug(regime)}-{shape}-{load_part}-seed{seed}.json")
 
 
-def run_plan(regime: Regime) -> List[Tuple[str, str, Configuration, str, str]]:
-    """Every run of a cell: (label, configuration name, configuration, rung, prediction point), peers first."""
+def run_plan(regime: Regime) -> List[Tuple[str, str, Configuration, str, str, Optional[str]]]:
+    """Every run of a cell: (label, configuration name, configuration, rung, prediction point, the peer it is
+    layered on), peers first."""
     mode = CLUSTERS[regime.cluster]().mode
-    plan = [(name, name, configuration, "none", AT_PREFILL) for name, configuration in peers(mode).items()]
+    plan = [(name, name, configuration, "none", AT_PREFILL, None) for name, configuration in peers(mode).items()]
     points = list(POINTS) if regime.batch else [AT_PREFILL]
+    configs = prediction_configs(mode, regime.batch)
     for point in points:
-        for rung in RUNGS:
-            if rung == "none" and point != AT_PREFILL:
-                continue  # nothing to predict, nothing to charge
-            for name, configuration in prediction_configs(mode).items():
+        for name, config in configs.items():
+            for rung in config.rungs:
+                if rung == "none" and point != AT_PREFILL:
+                    continue  # nothing to predict, nothing to charge
                 label = f"{name} | {rung}" + (f" | {point}" if regime.batch else "")
-                plan.append((label, name, configuration, rung, point))
+                plan.append((label, name, config.configuration, rung, point, config.over))
     return plan
 
 
-def run_record(planned: Tuple[str, str, Configuration, str, str], result, submitted: np.ndarray, batch: bool,
-               wall_s: float) -> dict:
-    """A run's entry in its cell: what ran (a ``run_plan`` row), its figures (``metrics.run_figures``), its
-    retractions and the seconds it took to simulate."""
-    label, name, configuration, rung, point = planned
+def settings_of(configuration: Configuration) -> dict:
+    """What a run of a configuration records of it; a run recorded with other settings is simulated anew."""
     setup = configuration.setup
-    return {"label": label, "config": name, "rung": rung, "point": point,
-            "routing": setup.routing, "queue": setup.queue, "admission": setup.admission.value,
-            "knobs": list(setup.knobs), "max_running_requests": configuration.max_running_requests,
-            **run_figures(result, submitted, batch), "retractions": int(result.retractions.sum()),
-            "wall_s": round(wall_s, 2)}
+    return {"routing": setup.routing, "queue": setup.queue, "admission": setup.admission.value,
+            "knobs": list(setup.knobs), "max_running_requests": configuration.max_running_requests}
+
+
+def current(run: Optional[dict], configuration: Configuration) -> bool:
+    """Whether a recorded run was made with the configuration's settings."""
+    return run is not None and all(run.get(key) == value for key, value in settings_of(configuration).items())
+
+
+def run_record(planned: Tuple[str, str, Configuration, str, str], result, submitted: np.ndarray, batch: bool,
+               wall_s: float, over: Optional[str] = None) -> dict:
+    """A run's entry in its cell: what ran (a ``run_plan`` row; ``over``: the peer it is layered on), its settings,
+    its figures (``metrics.run_figures``), its retractions and the seconds it took to simulate."""
+    label, name, configuration, rung, point = planned
+    return {"label": label, "config": name, "rung": rung, "point": point, "over": over,
+            **settings_of(configuration), **run_figures(result, submitted, batch),
+            "retractions": int(result.retractions.sum()), "wall_s": round(wall_s, 2)}
 
 
 def simulate_cell(work, regime_name: str, shape: int, load: Optional[float], seed: int, capacity: float,
                   path: str) -> int:
     """Every run of a cell, the cell written after each; a cell written before keeps its runs and only those it
-    lacks are simulated. Returns the number simulated."""
+    lacks, or recorded under other settings, are simulated. Returns the number simulated."""
     regime = REGIMES[regime_name]
     done: Dict[str, dict] = {}
     if os.path.exists(path):
         with open(path) as handle:
             done = {run["label"]: run for run in json.load(handle)["runs"]}
     rate = capacity * (load if load is not None else 1.0)
-    trace, drawn = sample_trace(work, regime.arrivals, rate, capacity, shape, seed)
+    trace, drawn = sample_trace(work, regime.arrivals, rate, capacity, shape, seed, regime.draw)
     cluster = CLUSTERS[regime.cluster]()
-    pass_s = prediction_pass_s(cluster, trace.input_lens) if regime.batch else 0.0
+    pass_s = prediction_pass_s(cluster, DRAWS[regime.draw][1](work, drawn)) if regime.batch else 0.0
     cell = {"regime": regime_name, "cluster": regime.cluster, "arrivals": regime.arrivals, "shape": shape,
             "load": load, "load_label": load_label(load), "capacity_rps": capacity,
             "rate_rps": None if regime.batch else round(rate, 3), "seed": seed,
@@ -145,8 +158,8 @@ def simulate_cell(work, regime_name: str, shape: int, load: Optional[float], see
             "runs": []}
     predictions: Dict[str, list] = {}
     simulated = 0
-    for label, name, configuration, rung, point in run_plan(regime):
-        if label not in done:
+    for label, name, configuration, rung, point, over in run_plan(regime):
+        if not current(done.get(label), configuration):
             if rung not in predictions:
                 predictions[rung] = LADDER_RUNGS[rung](work, trace, drawn, seed)
             predict_at, charged = POINTS[point]
@@ -156,23 +169,32 @@ def simulate_cell(work, regime_name: str, shape: int, load: Optional[float], see
             result = simulate_run(run_trace, predictions[rung], dataclasses.replace(cluster, predict_at=predict_at),
                                   configuration)
             done[label] = run_record((label, name, configuration, rung, point), result, submitted, regime.batch,
-                                     time.perf_counter() - started)
+                                     time.perf_counter() - started, over)
             simulated += 1
         cell["runs"].append(done[label])
         write_text_atomic(path, json.dumps(cell, separators=(",", ":")))
     return simulated
 
 
-def cell_list(args, capacity: Dict[str, dict]) -> List[Tuple[str, int, Optional[float], int, float]]:
+def shapes_and_loads(args, regime: Regime, work) -> List[Tuple[int, Optional[float]]]:
+    """A regime's (shape, load) cells: a batch's sizes (prompt groups: the whole workload, each prompt once), or
+    the online shape at every load, and a long trace at LONG_LOAD where the regime has one."""
+    if regime.batch and regime.draw == "prompt groups":
+        return [(len(work.ids), None)]
+    if regime.batch:
+        return [(shape, None) for shape in args.batch_shapes]
+    long = [(args.long_requests, LONG_LOAD)] if regime.long_trace and args.long_requests else []
+    return [(args.requests, load) for load in args.loads] + long
+
+
+def cell_list(args, capacity: Dict[str, dict], work) -> List[Tuple[str, int, Optional[float], int, float]]:
     """(regime, shape, load, seed, capacity) of every cell, seed-major: a first seed's map is whole first."""
     cells = []
     for seed in args.seeds:
         for name in args.regimes:
             regime = REGIMES[name]
-            shapes = args.batch_shapes if regime.batch else [args.requests]
-            loads = [None] if regime.batch else args.loads
             cells += [(name, shape, load, seed, capacity[regime.cluster]["capacity_rps"])
-                      for shape in shapes for load in loads]
+                      for shape, load in shapes_and_loads(args, regime, work)]
     return cells
 
 
@@ -180,8 +202,8 @@ def complete(path: str, regime: Regime) -> bool:
     if not os.path.exists(path):
         return False
     with open(path) as handle:
-        done = {run["label"] for run in json.load(handle)["runs"]}
-    return all(label in done for label, *_ in run_plan(regime))
+        done = {run["label"]: run for run in json.load(handle)["runs"]}
+    return all(current(done.get(label), configuration) for label, _, configuration, *_ in run_plan(regime))
 
 
 def simulate(args, work=None) -> int:
@@ -192,7 +214,7 @@ def simulate(args, work=None) -> int:
         work = LabelSetSamples(args.record)
     clusters = list(dict.fromkeys(REGIMES[name].cluster for name in args.regimes))
     capacity = capacities(args.output, work, clusters, CAPACITY_REQUESTS)
-    cells = cell_list(args, capacity)
+    cells = cell_list(args, capacity, work)
     simulated = 0
     for number, (name, shape, load, seed, cap) in enumerate(cells, 1):
         path = cell_path(args.output, name, shape, load, seed)

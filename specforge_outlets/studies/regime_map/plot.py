@@ -1,5 +1,6 @@
 """The map's figure: mean TTFT as a ratio to the best prediction-free peer, per regime against load (a batch: against
-its size), for the plugin's default and the best configuration with OUTLETS r̂₀, its controls and the oracle."""
+its size), for the plugin's default (layered on the peer a user picked) and the best configuration with OUTLETS
+r̂₀, its controls and the oracle; a regime's long trace at capacity as stars beside its line."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def plot(args) -> None:
     figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), squeeze=False)
     for index, regime in enumerate(regimes):
         axis = axes[index // columns][index % columns]
-        cells = sorted((cell for cell in summaries if cell["regime"] == regime),
+        ours = [cell for cell in summaries if cell["regime"] == regime]
+        long = [cell for cell in ours if cell["load"] is not None and cell["shape"] != args.requests]
+        cells = sorted((cell for cell in ours if cell not in long),
                        key=lambda cell: cell["shape"] if cell["load"] is None else cell["load"])
         x = [cell["shape"] if cell["load"] is None else cell["load"] for cell in cells]
 
@@ -39,14 +42,18 @@ def plot(args) -> None:
             axis.plot(x, [cell["runs"][pick(cell)]["ratio"][METRIC] for cell in cells], marker="o", markersize=3,
                       **style)
 
-        line(plugin_default_label, label="plugin default, OUTLETS r̂₀", color="C0")
+        line(plugin_default_label, label="plugin default over the peer picked, OUTLETS r̂₀", color="C0")
         line(best_outlets, label="best config, OUTLETS r̂₀", color="C1")
+        for pick, color in ((plugin_default_label, "C0"), (best_outlets, "C1")) if long else ():
+            axis.plot([cell["load"] for cell in long], [cell["runs"][pick(cell)]["ratio"][METRIC] for cell in long],
+                      marker="*", markersize=9, linestyle="none", color=color,
+                      label=f"the same, {long[0]['shape']:,} requests")
         for rung, color in zip((*CONTROLS, "oracle"), ("C7", "C8", "C2")):
             line(lambda cell, rung=rung: sibling(cell, best_outlets(cell), rung), label=f"same config, {rung}",
                  color=color, linestyle=":")
         line(lambda cell: SGLANG_DEFAULT, label=SGLANG_DEFAULT, color="grey", linestyle="--")
         axis.axhline(1.0, color="black", linewidth=0.8)
-        if max(max(line.get_ydata()) for line in axis.get_lines() if len(line.get_ydata()) > 1) > LOG_ABOVE:
+        if max((max(line.get_ydata()) for line in axis.get_lines() if len(line.get_ydata())), default=0) > LOG_ABOVE:
             axis.set_yscale("log")
         if cells and cells[0]["load"] is not None:
             axis.axvspan(1.0, max(x + [1.0]) + 0.05, color="red", alpha=0.06)  # overload

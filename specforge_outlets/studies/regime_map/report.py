@@ -3,11 +3,14 @@
 Per cell (regime, shape, load) and metric, the best peer is the one of SGLang's prediction-free configurations
 with the best mean over the seeds; a run's ratio is the mean over seeds of its figure over that peer's on the
 same trace. Online cells are read in their steady window (``metrics.WINDOW``), batches whole; map.json holds both.
+Beside where a prediction pays, each cell says how far the plugin's default, layered on the peer a user picked,
+is from the best peer (the issue's aim: within ``ALIGNED_WITHIN`` on every headline figure).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Dict, List, Tuple
 
@@ -27,6 +30,8 @@ PAYS_BELOW = 0.95  # a prediction pays: mean TTFT at most this ratio (or goodput
 TAILS_WITHIN = 1.05  # ... with P99 TTFT, short and long P99 at most this ratio ...
 CONTROL_MARGIN = 0.02  # ... and below both controls (constant, shuffled r̂₀) by this much: the ranking, not the rule
 TAILS = ("ttft_p99_s", "short_p99_s", "long_p99_s")
+ALIGNED_WITHIN = 1.02  # the plugin's default at most this ratio on every figure of ALIGNMENT and 1 / goodput
+ALIGNMENT = ("ttft_mean_s", "ttft_p99_s", "short_p99_s", "long_p99_s")
 CellKey = Tuple[str, int, object]
 
 
@@ -46,7 +51,8 @@ def is_peer(run: dict) -> bool:
 
 
 def summarize_cell(seeds: List[dict]) -> dict:
-    """Mean figures over the seeds, the best peer per metric and every run's ratios to it (headline window)."""
+    """Mean figures over the seeds, the best peer per metric and every run's ratios to it (headline window); a
+    configuration layered on a peer also its ratios to that peer."""
     window = headline_window(seeds[0])
     runs = [{run["label"]: run for run in cell["runs"]} for cell in seeds]
     labels = list(runs[0])
@@ -57,15 +63,23 @@ def summarize_cell(seeds: List[dict]) -> dict:
     for metric in METRICS:
         pick = min if metric in LOWER_IS_BETTER else max
         best[metric] = pick(peers, key=lambda label: mean[label][window][metric])
-    ratios = {label: {metric: float(np.mean([seed[label][window][metric] / seed[best[metric]][window][metric]
-                                             for seed in runs]))
-                      for metric in METRICS} for label in labels}
+    def ratio_to(label: str, reference) -> Dict[str, float]:
+        """Mean over seeds of the run's figure over ``reference(metric)``'s on the same trace."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {metric: float(np.mean([np.float64(seed[label][window][metric])
+                                           / seed[reference(metric)][window][metric] for seed in runs]))
+                    for metric in METRICS}
+
+    ratios = {label: ratio_to(label, best.get) for label in labels}
+    over = {label: runs[0][label].get("over") for label in labels}
+    to_base = {label: ratio_to(label, lambda metric: over[label]) for label in labels if over[label]}
     first = seeds[0]
     return {key: first[key] for key in ("regime", "cluster", "arrivals", "shape", "load", "load_label", "rate_rps",
                                          "capacity_rps", "window", "ttft", "prediction_pass_s")} | {
         "seeds": [cell["seed"] for cell in seeds], "headline_window": window, "best_peer": best,
         "runs": {label: {"config": runs[0][label]["config"], "rung": runs[0][label]["rung"],
-                         "point": runs[0][label]["point"], "mean": mean[label], "ratio": ratios[label]}
+                         "point": runs[0][label]["point"], "over": over[label], "mean": mean[label],
+                         "ratio": ratios[label], "ratio_to_base": to_base.get(label)}
                  for label in labels}}
 
 
@@ -101,9 +115,22 @@ def best_outlets(cell: dict) -> str:
 
 
 def plugin_default_label(cell: dict) -> str:
-    """The plugin's default with OUTLETS r̂₀ (a batch: predicted at arrival, its pass charged)."""
-    labels = [label for label in outlets_labels(cell) if cell["runs"][label]["config"] == PLUGIN_DEFAULT]
-    return next((label for label in labels if cell["runs"][label]["point"] == AT_ARRIVAL), labels[0])
+    """The plugin's default with OUTLETS r̂₀ (a batch: predicted at arrival, its pass charged), layered on the peer a
+    user would have picked: the best peer by mean TTFT where the plugin is layered on it, else the base of the
+    lower mean TTFT."""
+    runs = cell["runs"]
+    labels = [label for label in outlets_labels(cell) if runs[label]["config"].startswith(PLUGIN_DEFAULT)]
+    labels = [label for label in labels if runs[label]["point"] == AT_ARRIVAL] or labels
+    return min(labels, key=lambda label: runs[runs[label]["over"]]["ratio"]["ttft_mean_s"])
+
+
+def worst_figure(ratio: Dict[str, float]) -> Tuple[str, float]:
+    """The worst of the ALIGNMENT ratios and 1 / goodput (a figure without a value, none in the window, left out)."""
+    goodput = ratio["goodput_rps"]
+    figures = {**{metric.replace("_s", ""): ratio[metric] for metric in ALIGNMENT},
+               "1/goodput": 1.0 / goodput if goodput > 0 else math.inf}
+    name = max((name for name in figures if not math.isnan(figures[name])), key=lambda name: figures[name])
+    return name, figures[name]
 
 
 def shown(label: str) -> str:
@@ -122,23 +149,34 @@ def free_bound(cell: dict, label: str) -> str:
 def load_text(cell: dict) -> str:
     if cell["load"] is None:
         return f"{cell['shape']} at once"
-    return f"{cell['load']:g} ({cell['load_label']}, {cell['rate_rps']:g} rps)"
+    return f"{cell['load']:g} ({cell['load_label']}, {cell['rate_rps']:g} rps), {cell['shape']} requests"
+
+
+def alignment_text(cell: dict, label: str) -> str:
+    """Its worst ratio to the best peers, within ALIGNED_WITHIN or not, and its worst to the peer it is layered on."""
+    name, worst = worst_figure(cell["runs"][label]["ratio"])
+    base_name, base_worst = worst_figure(cell["runs"][label]["ratio_to_base"])
+    return (f"{worst:.2f} ({name}) | {'yes' if worst <= ALIGNED_WITHIN else 'no'} | "
+            f"{base_worst:.2f} ({base_name})")
 
 
 def headline_rows(summaries: List[dict]) -> List[str]:
-    rows = ["| regime | load | best peer by mean TTFT | plugin default, OUTLETS: mean TTFT / P99 TTFT / short P99 / "
-            "long P99 / goodput | best with OUTLETS | its mean TTFT / P99 TTFT / long P99 | constant / shuffled / "
-            "oracle (same config) mean TTFT | where it pays |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| regime | load | best peer by mean TTFT | plugin default over, OUTLETS: mean TTFT / P99 TTFT / short "
+            "P99 / long P99 / goodput | its worst (1/goodput for goodput) | within "
+            f"{ALIGNED_WITHIN} | its worst against the peer it is layered on | best with OUTLETS | its mean TTFT / "
+            "P99 TTFT / long P99 | constant / shuffled / oracle (same config) mean TTFT | where it pays |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in summaries:
         default, best = plugin_default_label(cell), best_outlets(cell)
         d, b = cell["runs"][default]["ratio"], cell["runs"][best]["ratio"]
         controls = " / ".join(f"{cell['runs'][sibling(cell, best, rung)]['ratio']['ttft_mean_s']:.2f}"
                               for rung in (*CONTROLS, "oracle"))
         rows.append(f"| {cell['regime']} | {load_text(cell)} | {cell['best_peer']['ttft_mean_s']} | "
-                    f"{d['ttft_mean_s']:.2f} / {d['ttft_p99_s']:.2f} / {d['short_p99_s']:.2f} / {d['long_p99_s']:.2f} / "
-                    f"{d['goodput_rps']:.2f} | {shown(best.replace(' | outlets r0', ''))} | {b['ttft_mean_s']:.2f} / "
-                    f"{b['ttft_p99_s']:.2f} / {b['long_p99_s']:.2f} | {controls} | {verdict(cell, best)}"
-                    f"{free_bound(cell, best)} |")
+                    f"{cell['runs'][default]['config'].replace(PLUGIN_DEFAULT + ' ', '')}: {d['ttft_mean_s']:.2f} / {d['ttft_p99_s']:.2f} / "
+                    f"{d['short_p99_s']:.2f} / {d['long_p99_s']:.2f} / {d['goodput_rps']:.2f} | "
+                    f"{alignment_text(cell, default)} | {shown(best.replace(' | outlets r0', ''))} | "
+                    f"{b['ttft_mean_s']:.2f} / {b['ttft_p99_s']:.2f} / {b['long_p99_s']:.2f} | {controls} | "
+                    f"{verdict(cell, best)}{free_bound(cell, best)} |")
     return rows
 
 
@@ -180,7 +218,16 @@ def report(args) -> None:
              "the best prediction-free peer of that cell for that metric (SGLang's default, total_requests / "
              "total_tokens balancing with tuned ratio knobs; PD: also --max-running-requests "
              "512), on the same trace, mean over seeds; below 1 is better, except goodput, SLO attainment and "
-             f"throughput. Online cells: the steady window ({WINDOW}); batches: the whole batch from its "
+             "throughput. The prediction configurations are the plugin layered on a peer (its routing, knobs and "
+             "max running): its default order and KV admission over SGLang's default and over total_requests "
+             "(SGLang's default knobs; PD: max running 512); over total_requests, SJF (aged), tail-safe by ranks "
+             "and in batches longest-predicted-first (SGLang's admission: the order alone); and the plugin's "
+             "opt-in routing (--load-balance-method outlets) with its default order and admission. \"Plugin default "
+             "over\": layered on the best peer by mean TTFT where it is a base, else on the base of lower mean "
+             f"TTFT; its worst ratio of mean TTFT, P99 TTFT, short and long P99 and 1/goodput, within "
+             f"{ALIGNED_WITHIN} or not (the issue's aim; the best peer may differ by metric), and the same worst "
+             "against the peer it is layered on alone (what the plugin itself changes). Online cells: the steady window ({WINDOW}); batches: the "
+             "whole batch from its "
              "submission. TTFT as SGLang reports it (PD: the first decode batch). "
              f"Pays: mean TTFT ≤ {PAYS_BELOW} (or goodput ≥ {1 / PAYS_BELOW:.2f}) with P99 TTFT, short and long "
              f"P99 ≤ {TAILS_WITHIN}, and below both controls (constant, shuffled r̂₀) by {CONTROL_MARGIN}. "
