@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specforge_outlets.scheduling import DEFAULT_KV_ADMISSION, KVAdmission, QueuePolicy
+from specforge_outlets.scheduling import DEFAULT_KV_ADMISSION, PLUGIN_ROUTING, KVAdmission, QueuePolicy
 from specforge_outlets.simulation.cluster import ClusterMode
 from specforge_outlets.simulation.hardware import L4, LLAMA_3_1_8B
 from specforge_outlets.studies.predictor_ladder.rungs import RUNGS as LADDER_RUNGS
@@ -186,7 +186,7 @@ def test_the_plugin_layered_on_a_peer_keeps_its_routing_knobs_and_max_running():
     assert (default.routing, default.queue, default.admission) == ("round-robin", QueuePolicy.TAIL_SAFE.value,
                                                                     DEFAULT_KV_ADMISSION)
     routed = colocated[regimes.PLUGIN_ROUTING_CONFIG].configuration.setup
-    assert routed.routing == "least-predicted-work" and routed.queue == QueuePolicy.TAIL_SAFE.value
+    assert routed.routing == PLUGIN_ROUTING.value and routed.queue == QueuePolicy.TAIL_SAFE.value  # the plugin's rule
     assert "longest-predicted-first over total_requests" in regimes.prediction_configs(ClusterMode.COLOCATED, True)
     assert "longest-predicted-first over total_requests" not in colocated
 
