@@ -1,9 +1,8 @@
 """OUTLETS plugin for SGLang, scheduling by predicted output length.
 
-- ``--schedule-policy outlets``: by default KV admission by the predicted future peak (a waiting request is
-  admitted only while the predicted peak of the cache with it fits, ``--outlets-kv-admission peak``;
-  ``predicted`` charges a request its predicted remaining length + ``--outlets-kv-margin`` (20%) instead,
-  ``sglang`` keeps SGLang's estimate) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
+- ``--schedule-policy outlets``: SGLang's own KV admission by default (``--outlets-kv-admission peak`` admits a
+  waiting request only while the predicted peak of the cache with it fits; ``predicted`` charges a request its
+  predicted remaining length + ``--outlets-kv-margin`` (20%) instead) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
   class, a long request yielding only briefly, ``--outlets-long-holdback``; ``--outlets-order sjf``
   for shortest predicted remaining first with aging); retraction of the longest predicted remaining
   first; the same order on the PD decode queue.

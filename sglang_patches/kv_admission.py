@@ -1,9 +1,9 @@
-"""KV admission by prediction (``--outlets-kv-admission``): the predicted future peak of the cache (the default),
-or a request charged its predicted remaining output of KV cache.
+"""KV admission by prediction (``--outlets-kv-admission``, opt-in: SGLang's own is the default): the predicted
+future peak of the cache, or a request charged its predicted remaining output of KV cache.
 
 SGLang charges a request it admits its whole remaining ``max_new_tokens`` of output KV, and a running
 request ``new_token_ratio`` of it, when it decides whether new requests fit. With a prediction the
-plugin's charge (``--outlets-kv-admission predicted``, its default until the peak replaced it) charges the
+plugin's charge (``--outlets-kv-admission predicted``, its default before the peak) charges the
 predicted remaining length plus ``--outlets-kv-margin`` of it instead
 (``specforge_outlets.scheduling.PredictedChargeAdmission``: the charge is written once, in the
 scheduling core, which the simulator runs too), at most what SGLang would charge:
@@ -18,7 +18,8 @@ predicted remaining length (``specforge_outlets.scheduling.QuantileChargeAdmissi
 quantiles when it has them, else a point mass at its prediction, which charges the predicted
 remaining without a margin (as the simulator's ``kv_admission: quantile``).
 
-With ``--outlets-kv-admission peak``, the default (``specforge_outlets.scheduling.PeakAdmission``), nothing is
+With ``--outlets-kv-admission peak`` (``specforge_outlets.scheduling.PeakAdmission``; the default from the
+simulated predictor ladder until the regime map, docs/admission.md), nothing is
 charged ahead (both hooks charge 0 output tokens, so SGLang's arithmetic checks only that the prompt fits now)
 and ``add_one_req`` first refuses a request (``NO_TOKEN``) when the predicted future peak of the KV
 cache with it, the running requests and those admitted earlier in the round would exceed what the

@@ -62,11 +62,11 @@ ENV_QUANTILE_LEVELS = "OUTLETS_QUANTILE_LEVELS"
 ENV_LONG_CLASS_SHARE = "OUTLETS_LONG_CLASS_SHARE"
 ENV_RANK_WINDOW = "OUTLETS_RANK_WINDOW"
 
-# KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values; sglang: SGLang's own
-# estimate, the plugin's KV admission off), the default (the core's, the simulator's too) first; each rule's
+# KV admission rules --schedule-policy outlets offers (the scheduling core's KVAdmission values), the default (the
+# core's, the simulator's too: sglang, SGLang's own estimate, the plugin's KV admission off) first; each rule's
 # strategy declares the knobs it reads beside it (--outlets-kv-margin, --outlets-kv-quantile: kv_admission.rule_knobs).
-KV_ADMISSIONS = (DEFAULT_KV_ADMISSION, KVAdmission.PREDICTED, KVAdmission.QUANTILE, KVAdmission.PAST_FUTURE,
-                 KVAdmission.SGLANG)
+KV_ADMISSIONS = (DEFAULT_KV_ADMISSION, KVAdmission.PEAK, KVAdmission.PREDICTED, KVAdmission.QUANTILE,
+                 KVAdmission.PAST_FUTURE)
 # The variable and flag of each KV knob (the core's Knob names)
 KV_KNOB_SETTINGS = {"kv_margin": (ENV_KV_MARGIN, "--outlets-kv-margin"),
                     "kv_quantile": (ENV_KV_QUANTILE, "--outlets-kv-quantile")}
@@ -110,7 +110,8 @@ FLAGS = (
      f"this share of W after it (default {DEFAULT_LONG_HOLDBACK:g}; 0 = FCFS, >= 1 = strict priority)."),
     ("--outlets-kv-admission", "outlets_kv_admission", ENV_KV_ADMISSION, str,
      f"OUTLETS: how the KV cache admits a waiting request, one of {', '.join(rule.value for rule in KV_ADMISSIONS)} "
-     f"(default {DEFAULT_KV_ADMISSION.value}). {KVAdmission.PEAK.value}: admit a request only while the predicted "
+     f"(default {DEFAULT_KV_ADMISSION.value}: SGLang's own estimate, tuned by its own knobs). "
+     f"{KVAdmission.PEAK.value}: admit a request only while the predicted "
      "future peak of the KV cache with it fits (nothing charged ahead; each request grows to its predicted end, its "
      "--outlets-kv-quantile quantile when it has quantiles, then frees its KV; one that outlived its prediction, or "
      "has none, is predicted from the output lengths seen); "
@@ -118,11 +119,10 @@ FLAGS = (
      "(1 + --outlets-kv-margin) of output KV, at most SGLang's own cap, instead of its remaining max_new_tokens "
      f"(new_token_ratio of it once running); {KVAdmission.QUANTILE.value}: the --outlets-kv-quantile quantile of its "
      f"predicted remaining length instead; {KVAdmission.PAST_FUTURE.value}: the peak from the output lengths seen "
-     f"only, no prediction (LightLLM's past-future scheduler); {KVAdmission.SGLANG.value}: SGLang's own estimate."),
+     f"only, no prediction (LightLLM's past-future scheduler)."),
     ("--outlets-kv-margin", "outlets_kv_margin", ENV_KV_MARGIN, float,
-     f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value} only (not the default, "
-     f"{DEFAULT_KV_ADMISSION.value}; refused without it): the share of the predicted remaining length charged on top "
-     f"of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
+     f"OUTLETS --outlets-kv-admission {KVAdmission.PREDICTED.value} only (refused without it): the share of the "
+     f"predicted remaining length charged on top of it (default {DEFAULT_KV_MARGIN:g}; >= 0)."),
     ("--outlets-max-retractions", "outlets_max_retractions", ENV_MAX_RETRACTIONS, int,
      f"OUTLETS: a request retracted this often (KV cache full) is retracted again only when no other running "
      f"request can be (default {DEFAULT_MAX_RETRACTIONS})."),
@@ -144,7 +144,7 @@ FLAGS = (
      f"OUTLETS tail-safe-ranks: how many recent predictions the long class is read from (default "
      f"{DEFAULT_RANK_WINDOW}). Needs --outlets-order tail-safe-ranks."),
     ("--outlets-kv-quantile", "outlets_kv_quantile", ENV_KV_QUANTILE, float,
-     f"OUTLETS --outlets-kv-admission {KVAdmission.PEAK.value} (the default): the quantile of a request's predicted "
+     f"OUTLETS --outlets-kv-admission {KVAdmission.PEAK.value}: the quantile of a request's predicted "
      f"remaining length read as its end (a request without quantiles ends at its point prediction); "
      f"{KVAdmission.QUANTILE.value}: the quantile charged. Default {DEFAULT_KV_QUANTILE:g}; a level strictly between "
      "0 and 1; refused with the other rules."),

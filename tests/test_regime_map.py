@@ -178,13 +178,19 @@ def test_the_plugin_layered_on_a_peer_keeps_its_routing_knobs_and_max_running():
             assert config.configuration.max_running_requests == peer.max_running_requests
             if name != regimes.PLUGIN_ROUTING_CONFIG:
                 assert config.configuration.setup.routing == peer.setup.routing
-    pd = regimes.prediction_configs(ClusterMode.DISAGGREGATED)[f"{PLUGIN_DEFAULT} over total_requests"]
+    pd_configs = regimes.prediction_configs(ClusterMode.DISAGGREGATED)
+    pd = pd_configs[f"{PLUGIN_DEFAULT} over total_requests"]
     assert (pd.configuration.setup.routing, pd.configuration.max_running_requests) == ("least-requests", 512)
     assert pd.configuration.setup.admission is KVAdmission.SGLANG  # decode: SGLang's pre-allocation
+    assert regimes.PEAK_CONFIG not in pd_configs  # the peak gates SGLang's PrefillAdder: colocated only
     colocated = regimes.prediction_configs(ClusterMode.COLOCATED)
     default = colocated[f"{PLUGIN_DEFAULT} over SGLang default"].configuration.setup
     assert (default.routing, default.queue, default.admission) == ("round-robin", QueuePolicy.TAIL_SAFE.value,
                                                                     DEFAULT_KV_ADMISSION)
+    assert DEFAULT_KV_ADMISSION is KVAdmission.SGLANG  # the map's default: the plugin leaves SGLang's admission
+    peak = colocated[regimes.PEAK_CONFIG]
+    assert (peak.over, peak.rungs, peak.configuration.setup.admission) == (
+        regimes.layer_bases(ClusterMode.COLOCATED)["total_requests"], regimes.FEW_RUNGS, KVAdmission.PEAK)
     routed = colocated[regimes.PLUGIN_ROUTING_CONFIG].configuration.setup
     assert routed.routing == PLUGIN_ROUTING.value and routed.queue == QueuePolicy.TAIL_SAFE.value  # the plugin's rule
     assert "longest-predicted-first over total_requests" in regimes.prediction_configs(ClusterMode.COLOCATED, True)

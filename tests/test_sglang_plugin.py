@@ -28,8 +28,8 @@ from sglang_patches.client_predictions import assign_external_prediction  # noqa
 from tests.sglang_harness.config_dirs import write_export, write_target  # noqa: E402
 from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
-    ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_LONG_CLASS_SHARE, ENV_LONG_HOLDBACK, ENV_MAX_RETRACTIONS,
-    ENV_ORDER, ENV_PRIOR, ENV_RANK_WINDOW, KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
+    ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_SHARE, ENV_LONG_HOLDBACK,
+    ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR, ENV_RANK_WINDOW, KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
 )
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 
@@ -702,40 +702,45 @@ def test_load_balance_method_outlets_maps_to_load_aware_plumbing(plugins_loaded)
         LoadBalanceMethod.from_str("bogus")
 
 
-def test_the_default_kv_admission_is_the_predicted_peak(plugins_loaded, no_outlets_settings, monkeypatch, tmp_path,
-                                                       capsys):
-    """A server started without --outlets-kv-admission admits by the predicted future peak (it reads
-    --outlets-kv-quantile); --outlets-kv-margin, which only the charge reads, is refused naming the default."""
+def test_the_default_kv_admission_is_sglangs_own(plugins_loaded, no_outlets_settings, monkeypatch, tmp_path, capsys):
+    """A server started without --outlets-kv-admission keeps SGLang's own admission (the regime map's default: the
+    peak lost to SGLang tuned by its own knobs where the cache binds); the knobs only the plugin's rules read,
+    --outlets-kv-margin and --outlets-kv-quantile, are refused naming the default; the peak is one flag away."""
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
-    assert KV_ADMISSIONS[0] is KVAdmission.PEAK and KVAdmission.PREDICTED in KV_ADMISSIONS
-    assert PluginSettings(SchedulingConfig(), QueuePolicy.TAIL_SAFE, None).kv_admission is KVAdmission.PEAK
+    assert KV_ADMISSIONS[0] is KVAdmission.SGLANG and {KVAdmission.PEAK, KVAdmission.PREDICTED} <= set(KV_ADMISSIONS)
+    assert len(set(KV_ADMISSIONS)) == len(KV_ADMISSIONS)
+    assert PluginSettings(SchedulingConfig(), QueuePolicy.TAIL_SAFE, None).kv_admission is KVAdmission.SGLANG
     defaults = read_settings({})
-    assert (defaults.kv_admission, defaults.kv_margin, defaults.kv_quantile) == (KVAdmission.PEAK, 0.2, 0.9)
+    assert (defaults.kv_admission, defaults.kv_margin, defaults.kv_quantile) == (KVAdmission.SGLANG, 0.2, 0.9)
 
     prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets"])
-    assert ENV_KV_ADMISSION not in os.environ and state.settings().kv_admission is KVAdmission.PEAK
+    assert ENV_KV_ADMISSION not in os.environ and state.settings().kv_admission is KVAdmission.SGLANG
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
-    assert isinstance(kv_admission.admission(), PeakAdmission) and kv_admission.admission().kv_quantile == 0.9
+    assert kv_admission.admission() is None  # SGLang's own arithmetic, untouched
     running = request("r", 300, generated=100)
     running.sampling_params = SimpleNamespace(max_new_tokens=1000, ignore_eos=False, custom_params=None)
-    assert PrefillAdder._get_running_request_total_token_offset(SimpleNamespace(new_token_ratio=0.5), running) == 0
+    offset = PrefillAdder._get_running_request_total_token_offset
+    assert offset(SimpleNamespace(new_token_ratio=0.5), running) == 450  # SGLang's 0.5 x (1000 - 100), not r̂
 
-    with pytest.raises(SystemExit):  # the margin alone: refused, not ignored
-        prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-margin", "0.3"])
-    assert ("error: OUTLETS_KV_MARGIN (--outlets-kv-margin) is read by --outlets-kv-admission predicted, not by the "
-            "default, --outlets-kv-admission peak (OUTLETS_KV_ADMISSION unset): leave it out or use --outlets-kv-admission "
-            "predicted"
-            ) in capsys.readouterr().err
-    os.environ.pop(ENV_KV_MARGIN)
+    for flag, knob, variable in (("--outlets-kv-margin", "0.3", ENV_KV_MARGIN),
+                                 ("--outlets-kv-quantile", "0.8", ENV_KV_QUANTILE)):
+        with pytest.raises(SystemExit):  # a knob of the plugin's rules alone: refused, not ignored
+            prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", flag, knob])
+        assert (f"not by the default, --outlets-kv-admission sglang (OUTLETS_KV_ADMISSION unset): leave it out or "
+                "use --outlets-kv-admission") in capsys.readouterr().err
+        os.environ.pop(variable)
     prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-admission",
                          "predicted", "--outlets-kv-margin", "0.3"])
     assert (state.settings().kv_admission, state.settings().kv_margin) == (KVAdmission.PREDICTED, 0.3)
     for name in (ENV_KV_ADMISSION, ENV_KV_MARGIN):
         os.environ.pop(name)
-    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-quantile", "0.8"])
+    prepare_server_args(["--model-path", str(tmp_path), "--schedule-policy", "outlets", "--outlets-kv-admission",
+                         "peak", "--outlets-kv-quantile", "0.8"])
     assert (state.settings().kv_admission, state.settings().kv_quantile) == (KVAdmission.PEAK, 0.8)
+    assert isinstance(kv_admission.admission(), PeakAdmission) and kv_admission.admission().kv_quantile == 0.8
+    assert offset(SimpleNamespace(new_token_ratio=0.5), running) == 0  # the peak charges nothing ahead
 
 
 def test_kv_admission_by_prediction_charges_running_requests_their_predicted_remaining(plugins_loaded, monkeypatch):
@@ -751,7 +756,7 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
         return req
 
     monkeypatch.setattr(state, "schedule_policy_is_outlets", lambda: True)
-    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")  # the charge (the default is the peak)
+    monkeypatch.setenv(ENV_KV_ADMISSION, "predicted")  # the charge (the default is SGLang's own)
     state.reset_settings()
     offset = PrefillAdder._get_running_request_total_token_offset
     assert offset(new_round(), running(300, 100)) == 240  # the default margin, 0.2: (300 - 100) x 1.2
@@ -784,7 +789,7 @@ def test_kv_admission_by_prediction_charges_running_requests_their_predicted_rem
             read_settings()
     monkeypatch.setenv(ENV_KV_ADMISSION, "off")
     with pytest.raises(OutletsSettingsError, match="OUTLETS_KV_ADMISSION \\(--outlets-kv-admission\\)='off': choose "
-                                                   "one of peak, predicted, quantile, past-future, sglang"):
+                                                   "one of sglang, peak, predicted, quantile, past-future"):
         read_settings()
 
 

@@ -52,7 +52,7 @@ def test_defaults_are_todays_behaviour():
     current = read_settings({})
     assert current.scheduling == SchedulingConfig()  # point key, no long-class quantile, the default levels
     assert current.scheduling.order_key is OrderKey.POINT and current.scheduling.long_class_quantile is None
-    assert current.kv_admission is KVAdmission.PEAK and current.order is QueuePolicy.TAIL_SAFE  # the predicted peak
+    assert current.kv_admission is KVAdmission.SGLANG and current.order is QueuePolicy.TAIL_SAFE  # SGLang's admission
     assert (current.kv_margin, current.kv_quantile) == (0.2, 0.9)
     assert not current.scheduling.uses_distribution
 

@@ -49,7 +49,7 @@ def burst(server):
 class TestOutletsPolicy:
     """The default order (tail-safe) with strict priority of the short class (hold-back 1), so that
     the expected order does not depend on how long the burst waited; the default KV admission (no
-    ``--outlets-kv-admission``: the predicted future peak, which the start-up log names)."""
+    ``--outlets-kv-admission``: SGLang's own, which the start-up log names)."""
 
     @pytest.fixture(scope="class")
     def server(self, chat_target, tmp_path_factory):
@@ -107,7 +107,7 @@ class TestOutletsPolicy:
     def test_start_up_log_names_the_mode_and_every_hook_applied(self, server):
         log = server.log_text()
         match = re.search(r"OUTLETS schedule-policy: mode=(.*?), order=tail-safe \(long_output_len=600, "
-                          r"long_holdback=1, .*kv_admission=peak \(kv_quantile=0.9\), prior_output_len=256, "
+                          r"long_holdback=1, .*kv_admission=sglang, prior_output_len=256, "
                           r"hooks applied: (\d+)/(\d+)", log)
         assert match, log[-3000:]
         assert match.group(1).startswith("external predictions")

@@ -847,11 +847,12 @@ def test_cluster_that_cannot_hold_one_request_names_row_and_field(unit_steps):
     ("memory_fraction: 0.1\nkv_admission: max-new-tokens\n", "does not fit on H100-SXM"),
     ("kv_admission: guess\n", "kv_admission must be one of max-new-tokens, predicted"),
     ("kv_admission: predicted\nkv_margin: -0.1\n", r"kv_margin=-0.1: give a number >= 0$"),
-    ("mode: colocated\nkv_margin: 0.1\n", r"kv_margin is read by kv_admission predicted, not by kv_admission peak "
+    ("mode: colocated\nkv_margin: 0.1\n", r"kv_margin is read by kv_admission predicted, not by kv_admission sglang "
                                           r"\(the default\): leave it out or use kv_admission predicted$"),
     ("kv_admission: sglang\nkv_quantile: 0.5\n", r"kv_quantile is read by kv_admission quantile or peak, not by "
                                                  r"kv_admission sglang: leave it out"),
-    ("decode_instances: 2\n", r"kv_admission peak, the default, gates SGLang's PrefillAdder.*name kv_admission sglang"),
+    ("decode_instances: 2\nkv_admission: peak\n", r"kv_admission peak gates SGLang's PrefillAdder.*name kv_admission "
+                                                 r"sglang"),
     ("load_poll_interval_s: -1\n", "load_poll_interval_s must be a non-negative number, got -1"),
     ("load_poll_interval_s: often\n", "load_poll_interval_s must be a non-negative number, got 'often'"),
 ])

@@ -89,7 +89,8 @@ class KVAdmission(Enum):
     PREDICTED = "predicted"
     # SGLang 0.5.23's own (SGLangAdmission): running requests charged min(max_new_tokens - generated,
     # 4096) x a decaying new_token_ratio, a new one its prompt + min(max_new_tokens, 4096); on a
-    # disaggregated decode instance its DecodePreallocQueue's (DecodePreallocAdmission)
+    # disaggregated decode instance its DecodePreallocQueue's (DecodePreallocAdmission). The default
+    # (DEFAULT_KV_ADMISSION)
     SGLANG = "sglang"
     # vLLM 0.34.0's own (VLLMAdmission with simulation/vllm_admission.py's rules): nothing reserved
     # ahead, a request admitted when its whole sequence's blocks are free
@@ -101,7 +102,7 @@ class KVAdmission(Enum):
     # prediction x (1 + kv_margin) (QuantileChargeAdmission); a request
     # without quantiles (the oracle) is charged its point prediction
     QUANTILE = "quantile"
-    # the default (DEFAULT_KV_ADMISSION): the predicted future peak within the cache (PeakAdmission): each request's
+    # opt-in: the predicted future peak within the cache (PeakAdmission): each request's
     # predicted end (r̂ₜ where the draft re-predicts), its kv_quantile-quantile with quantiles, the history's
     # expected remaining once it outlived its prediction or without one
     PEAK = "peak"
@@ -109,11 +110,11 @@ class KVAdmission(Enum):
     PAST_FUTURE = "past-future"
 
 
-# The rule when none is named, the plugin's (--outlets-kv-admission) and the simulator's (kv_admission): the
-# predicted future peak, which in the simulated ladder of predictors put them in order where the charge admitted
-# less the better they were (docs/admission.md, "Why the peak is the plugin's default"). It gates SGLang's
-# PrefillAdder, so a simulated disaggregated cluster names its rule.
-DEFAULT_KV_ADMISSION = KVAdmission.PEAK
+# The rule when none is named, the plugin's (--outlets-kv-admission) and the simulator's (kv_admission): SGLang's
+# own. The regime map found the peak far ahead of SGLang's admission with its default knobs only where the cache
+# binds, and behind SGLang tuned by its own knobs there (docs/admission.md, "Why SGLang's admission is the default"):
+# the plugin leaves a user's admission, tuned or not, as it is; the peak is an opt-in.
+DEFAULT_KV_ADMISSION = KVAdmission.SGLANG
 
 # the plugin's charges by prediction (kv_margin on the prediction, or its kv_quantile-quantile)
 PREDICTION_ADMISSIONS = (KVAdmission.PREDICTED, KVAdmission.QUANTILE)

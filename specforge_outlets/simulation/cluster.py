@@ -72,7 +72,7 @@ class ClusterConfig:
     kv_transfer_bandwidth: float = 50e9  # bytes/s between prefill and decode (400 Gb/s RDMA)
     kv_transfer_latency_s: float = 0.002  # fixed cost per transfer
     predict_at: PredictionPoint = PredictionPoint.PREFILL
-    kv_admission: KVAdmission = DEFAULT_KV_ADMISSION  # the plugin's default too; colocated only (check_kv_admission)
+    kv_admission: KVAdmission = DEFAULT_KV_ADMISSION  # the plugin's default too; check_kv_admission: where each runs
     # the knobs the rule's strategy reads (kv_admission.rule_knobs), refused with a rule that does not read them:
     kv_margin: float = DEFAULT_KV_MARGIN  # predicted admission: share of the prediction reserved on top
     kv_quantile: float = DEFAULT_KV_QUANTILE  # quantile admission: the level of the remaining length reserved
@@ -161,7 +161,7 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
     if config.fitted_step_time is not None and config.kv_capacity_tokens is None:
         raise OutletsError(f"{source}: fitted_step_time needs kv_capacity_tokens, the measured server's cache in tokens "
                            "(its --max-total-tokens): the cache cannot be derived from a GPU's memory then")
-    check_kv_admission(config, source, named="kv_admission" in values)
+    check_kv_admission(config, source)
     if config.kv_capacity() < 1:
         raise OutletsError(
             f"{source}: model {config.model} does not fit on {config.gpu} with memory_fraction "
@@ -170,12 +170,11 @@ def cluster_config_from_dict(values: Dict[str, Any], source: str) -> ClusterConf
     return config
 
 
-def check_kv_admission(config: ClusterConfig, source: str, named: bool = True) -> None:
-    """Refuse an engine's own admission where the simulator does not model it (``named``: not left to the default)."""
+def check_kv_admission(config: ClusterConfig, source: str) -> None:
+    """Refuse an engine's own admission where the simulator does not model it."""
     if config.kv_admission in PEAK_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
-        rule = f"kv_admission {config.kv_admission.value}" + ("" if named else ", the default,")
         raise OutletsError(
-            f"{source}: {rule} gates SGLang's PrefillAdder, which colocated instances run; disaggregated decode "
+            f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated instances run; disaggregated decode "
             "instances admit transferred requests by another rule (kv_admission sglang runs it): set mode colocated, "
             "or name kv_admission sglang, predicted or max-new-tokens")
     if config.kv_admission in VLLM_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:

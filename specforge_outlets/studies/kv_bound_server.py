@@ -100,7 +100,7 @@ KV_MARGIN = "0.2"  # --outlets-kv-margin of the KV-admission servers
 OUTLETS = ["--schedule-policy", "outlets", "--outlets-long-output-len", str(SHORT_THRESHOLD)]
 SGLANG_KV_CHARGE = ["--outlets-kv-admission", "sglang"]  # named, not left to the plugin's default
 KV_BY_PREDICTION = ["--outlets-kv-admission", "predicted", "--outlets-kv-margin", KV_MARGIN]
-KV_BY_PEAK = ["--outlets-kv-admission", "peak"]  # the plugin's default, named like the others
+KV_BY_PEAK = ["--outlets-kv-admission", "peak"]  # the plugin's default when the study ran
 # the committed distribution record (benchmarks/length_distribution.py): the detached quantile draft's
 # point and total-length quantiles per test request, raw and conformally corrected
 DISTRIBUTION_RECORD = os.path.join(LABEL_SET, "eval", "distribution", "detached-predictions.jsonl.gz")
@@ -118,7 +118,7 @@ SERVERS: Dict[str, List[str]] = {
     "outlets sjf": OUTLETS + ["--outlets-order", "sjf"] + SGLANG_KV_CHARGE,
     "outlets tail-safe + KV by prediction": OUTLETS + KV_BY_PREDICTION,
     "outlets sjf + KV by prediction": OUTLETS + ["--outlets-order", "sjf"] + KV_BY_PREDICTION,
-    # the plugin's default: admitted while the predicted future peak of the cache fits
+    # the plugin's default when the study ran: admitted while the predicted future peak of the cache fits
     "outlets tail-safe + KV by the predicted peak": OUTLETS + KV_BY_PEAK,
     # servers that read each request's predicted quantiles. The Gittins rank orders the sjf queue
     # (the plugin takes --outlets-order-key with sjf only); admission stays by the point's margin.
@@ -141,7 +141,7 @@ SERVER_CORE = (os.cpu_count() or 1) - 1
 QUANTILES = "outlets quantiles"  # the distribution record's point and quantiles (write_quantile_predictions)
 
 
-# the ladder of predictors (--ladder), from no information to all of it, on the plugin's default (the peak)
+# the ladder of predictors (--ladder), from no information to all of it, on the peak (the default then)
 # and on the charge it replaced
 LADDER_PREDICTORS = ("none", "constant", "outlets", "ceiling", "oracle")
 LADDER_SERVERS = ("outlets tail-safe + KV by the predicted peak", "outlets tail-safe + KV by prediction")

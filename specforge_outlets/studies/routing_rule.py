@@ -38,7 +38,7 @@ PREDICTED = ("least-predicted-work", "least-requests-then-work")  # the routings
 # the ladder's rungs from no information to all of it, its two controls included
 RUNGS = ("none", "constant", "outlets r0 shuffled", "outlets r0", "oracle")
 # (queue order, KV admission) under which the predicted routings run: SGLang's, so that only the routing differs,
-# and the plugin's default, which --load-balance-method outlets ships beside
+# and the plugin's default when the study ran (the peak; SGLang's admission since the regime map)
 STACKS: Dict[str, Tuple[str, KVAdmission]] = {"fcfs": ("fcfs", KVAdmission.SGLANG),
                                               "plugin default": ("tail-safe", KVAdmission.PEAK)}
 LEARNED = "outlets r0"

@@ -352,7 +352,7 @@ def stage_results(args, stage: str) -> List[dict]:
 
 
 # The plugin's default when the study ran (--schedule-policy outlets: tail-safe, KV admission by the charge,
-# predicted, where the setup has it; the predicted peak is the default now) with the deployed predictor, and
+# predicted, where the setup has it; SGLang's own admission is the default now) with the deployed predictor, and
 # what it is measured against: SGLang's default.
 DEFAULT_RUN = "least-predicted-work + tail-safe | outlets r0"
 BASELINE_RUN = "round-robin + fcfs"

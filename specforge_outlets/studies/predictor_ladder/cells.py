@@ -43,8 +43,8 @@ class Setup:
     knobs: Tuple[float, float, int] = (1.0, 0.14, 600)
 
 
-# The plugin's configurations, each run with every rung: its default (KV admitted by the predicted future peak),
-# the charge (the former default), the order alone under SGLang's admission, SJF instead of tail-safe
+# The plugin's configurations, each run with every rung: its default when the ladder ran (KV admitted by the
+# predicted future peak; SGLang's own admission is the default since the regime map), the charge (the one before), the order alone under SGLang's admission, SJF instead of tail-safe
 CONFIGS = {
     "peak, the default (tail-safe + KV by the predicted peak)": Setup("least-predicted-work", "tail-safe",
                                                                        KVAdmission.PEAK),

@@ -156,12 +156,6 @@ PLUGIN_ROUTING = routing_policy(POLICY_NAME).value
 TOTAL_REQUESTS = "total_requests"  # of BALANCING: the peer every other prediction configuration is layered on
 
 
-def plugin_admission(mode: ClusterMode) -> KVAdmission:
-    """The plugin's default KV admission: colocated the core's (the predicted peak); a PD decode instance keeps
-    SGLang's pre-allocation (the peak is a PrefillAdder rule)."""
-    return DEFAULT_KV_ADMISSION if mode is ClusterMode.COLOCATED else KVAdmission.SGLANG
-
-
 def layer_bases(mode: ClusterMode) -> Dict[str, str]:
     """The peers the plugin is layered on, by the name its configurations give them: SGLang's default, and
     total_requests with SGLang's default knobs (PD: with --max-running-requests PD_MAX_RUNNING)."""
@@ -173,6 +167,9 @@ def layer_bases(mode: ClusterMode) -> Dict[str, str]:
 
 PLUGIN_DEFAULT = "plugin default"  # the prefix of the plugin's default layered on a peer
 PLUGIN_ROUTING_CONFIG = "plugin routing"
+# the predicted future peak (--outlets-kv-admission peak, opt-in) with the plugin's default order over total_requests;
+# colocated only (the peak gates SGLang's PrefillAdder)
+PEAK_CONFIG = f"{KVAdmission.PEAK.value} admission over {TOTAL_REQUESTS}"
 # the rungs of a configuration other than the plugin's default: its controls, the learned r̂₀ and the oracle
 FEW_RUNGS = ("constant", "outlets r0 shuffled", "outlets r0", "oracle")
 
@@ -189,18 +186,19 @@ class PredictionConfig:
 def prediction_configs(mode: ClusterMode, batch: bool = False) -> Dict[str, PredictionConfig]:
     """The plugin's default over each base (every rung); over total_requests, SJF (the core's aging) and tail-safe
     with classes from ranks, and in a batch longest-predicted-first; the plugin's opt-in routing with its default
-    order and admission, over total_requests' knobs (these four: ``FEW_RUNGS``)."""
+    order and admission, over total_requests' knobs; colocated, its opt-in peak admission with its default order
+    over total_requests (these: ``FEW_RUNGS``)."""
     every = peers(mode)
-    admission = plugin_admission(mode)
-    made = {f"{PLUGIN_DEFAULT} over {base}": PredictionConfig(layered(every[peer], PLUGIN_ORDER, admission), peer,
-                                                               RUNGS)
-            for base, peer in layer_bases(mode).items()}
+    made = {f"{PLUGIN_DEFAULT} over {base}": PredictionConfig(
+        layered(every[peer], PLUGIN_ORDER, DEFAULT_KV_ADMISSION), peer, RUNGS) for base, peer in layer_bases(mode).items()}
     over = layer_bases(mode)[TOTAL_REQUESTS]
     orders = [QueuePolicy.SJF, QueuePolicy.TAIL_SAFE_RANKS] + ([QueuePolicy.LONGEST_FIRST] if batch else [])
     made.update({f"{order.value} over {TOTAL_REQUESTS}": PredictionConfig(
         layered(every[over], order, KVAdmission.SGLANG), over, FEW_RUNGS) for order in orders})
-    made[PLUGIN_ROUTING_CONFIG] = PredictionConfig(layered(every[over], PLUGIN_ORDER, admission, PLUGIN_ROUTING), over,
-                                                   FEW_RUNGS)
+    made[PLUGIN_ROUTING_CONFIG] = PredictionConfig(
+        layered(every[over], PLUGIN_ORDER, DEFAULT_KV_ADMISSION, PLUGIN_ROUTING), over, FEW_RUNGS)
+    if mode is ClusterMode.COLOCATED:
+        made[PEAK_CONFIG] = PredictionConfig(layered(every[over], PLUGIN_ORDER, KVAdmission.PEAK), over, FEW_RUNGS)
     return made
 
 
