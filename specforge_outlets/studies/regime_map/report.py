@@ -19,7 +19,7 @@ import numpy as np
 from specforge_outlets.atomic import write_text_atomic
 from specforge_outlets.studies.regime_map.cells import read_cells
 from specforge_outlets.studies.regime_map.metrics import SHORT_THRESHOLD, SLO, WINDOW
-from specforge_outlets.studies.regime_map.regimes import AT_ARRIVAL, BOUNDS, CONTROLS, PLUGIN_DEFAULT, REGIMES
+from specforge_outlets.studies.regime_map.regimes import AT_PREFILL, BOUNDS, CONTROLS, PLUGIN_DEFAULT, REGIMES
 
 LOWER_IS_BETTER = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "short_p99_s",
                    "long_p99_s", "makespan_s")
@@ -115,12 +115,12 @@ def best_outlets(cell: dict) -> str:
 
 
 def plugin_default_label(cell: dict) -> str:
-    """The plugin's default with OUTLETS r̂₀ (a batch: predicted at arrival, its pass charged), layered on the peer a
-    user would have picked: the best peer by mean TTFT where the plugin is layered on it, else the base of the
-    lower mean TTFT."""
+    """The plugin's default with OUTLETS r̂₀ (a batch: predicted at prefill, as a server runs it: a prediction pass
+    before the batch is a client's opt-in, shown among the best uses), layered on the peer a user would have picked:
+    the best peer by mean TTFT where the plugin is layered on it, else the base of the lower mean TTFT."""
     runs = cell["runs"]
-    labels = [label for label in outlets_labels(cell) if runs[label]["config"].startswith(PLUGIN_DEFAULT)]
-    labels = [label for label in labels if runs[label]["point"] == AT_ARRIVAL] or labels
+    labels = [label for label in outlets_labels(cell) if runs[label]["config"].startswith(PLUGIN_DEFAULT)
+              and runs[label]["point"] == AT_PREFILL]
     return min(labels, key=lambda label: runs[runs[label]["over"]]["ratio"]["ttft_mean_s"])
 
 
@@ -222,11 +222,14 @@ def report(args) -> None:
              "max running): its default order and KV admission over SGLang's default and over total_requests "
              "(SGLang's default knobs; PD: max running 512); over total_requests, SJF (aged), tail-safe by ranks "
              "and in batches longest-predicted-first (SGLang's admission: the order alone); and the plugin's "
-             "opt-in routing (--load-balance-method outlets) with its default order and admission. \"Plugin default "
-             "over\": layered on the best peer by mean TTFT where it is a base, else on the base of lower mean "
-             f"TTFT; its worst ratio of mean TTFT, P99 TTFT, short and long P99 and 1/goodput, within "
+             "opt-in routing (--load-balance-method outlets) with its default order and admission; colocated, its "
+             "opt-in KV admission by the predicted peak (--outlets-kv-admission peak) with its default order over "
+             "total_requests. \"Plugin default over\": layered on the best peer by mean TTFT where it is a base, else "
+             "on the base of lower mean TTFT (a batch: r̂₀ at prefill, as a server runs it); its worst ratio of "
+             "mean TTFT, P99 TTFT, short and long P99 and 1/goodput, within "
              f"{ALIGNED_WITHIN} or not (the issue's aim; the best peer may differ by metric), and the same worst "
-             "against the peer it is layered on alone (what the plugin itself changes). Online cells: the steady window ({WINDOW}); batches: the "
+             "against the peer it is layered on alone (what the plugin itself changes). Online cells: the steady "
+             f"window ({WINDOW}); batches: the "
              "whole batch from its "
              "submission. TTFT as SGLang reports it (PD: the first decode batch). "
              f"Pays: mean TTFT ≤ {PAYS_BELOW} (or goodput ≥ {1 / PAYS_BELOW:.2f}) with P99 TTFT, short and long "
