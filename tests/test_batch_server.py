@@ -148,3 +148,10 @@ def test_a_runs_directory_refuses_runs_sent_at_another_rate(tmp_path):
     with pytest.raises(SystemExit, match="another --runs-dir"):
         study.check_config(str(tmp_path), study.study_config(arguments(), 1000))
     study.check_config(str(tmp_path), study.study_config(arguments(rate=math.inf), 1000))
+
+
+def test_out_of_order_counts_pairs_whose_first_tokens_crossed_their_sends():
+    """c, sent last, had its first token before a and b (two pairs); a and b, 10 ms apart, count as in order."""
+    records = [record("a", 0.0, 1.00, 2.0, 10), record("b", 0.1, 0.91, 2.0, 10), record("c", 0.2, 0.3, 2.0, 10)]
+    assert study.out_of_order(records) == 2
+    assert study.out_of_order(records[:2]) == 0

@@ -109,6 +109,9 @@ AIM_TAILS = 1.0  # with P99 TTFT, short and long P99 at or below this one
 # step at 16 running takes ~35 ms), far below one request's service (tens of s), and in the dataset's order
 BATCH_RATE = 100.0
 PASS_RATE = math.inf  # the prefill-only pass all at once: its order decides nothing, and it is charged in full
+# first tokens of one prefill batch reach the client within a few ms of each other; a request admitted a decode
+# step (~35 ms at 16 running) or more before one sent ahead of it was out of order at the scheduler
+ORDER_TOLERANCE_S = 0.05
 SEED_SHUFFLE = 1  # the shuffled rung's permutation, apart from the draw's --seed
 # the server's own log lines: running requests and KV use at each logged step, prefix-cache hits at each prefill
 RUNNING = re.compile(r"#running-req: (\d+)")
@@ -281,6 +284,15 @@ def batch_metrics(records: Sequence[RequestRecord], charge_s: float) -> Dict[str
     return values
 
 
+def out_of_order(records: Sequence[RequestRecord]) -> int:
+    """Pairs of requests whose first tokens came in the other order than their sends (the dataset's order where
+    sends tie), by more than ``ORDER_TOLERANCE_S``: under FCFS, the pairs the scheduler received out of the
+    client's order; under SJF, what the order moved."""
+    first = [record.sent_s + record.ttft_s for record in sorted(records, key=lambda record: record.sent_s)]
+    return sum(later < earlier - ORDER_TOLERANCE_S for index, earlier in enumerate(first)
+               for later in first[index + 1:])
+
+
 def server_load(server_log: str) -> dict:
     """What the server's own lines say of a run: peak running requests and KV use, prefix hits, retractions, and
     its pace: the median output tokens/s of its logged decode steps with every slot running (the machine's
@@ -307,7 +319,7 @@ def read_run(out: str) -> Optional[dict]:
     with open(os.path.join(out, "server.log"), encoding="utf-8", errors="replace") as handle:
         load = server_load(handle.read())
     return {"pass_s": pass_s, "requests": len(records), "charged": batch_metrics(from_submission(records), pass_s),
-            "free": batch_metrics(records, 0.0), "load": load}
+            "free": batch_metrics(records, 0.0), "load": load, "out_of_order": out_of_order(records)}
 
 
 def pace_adjusted(run: dict, reference_tok_s: float) -> Dict[str, float]:
@@ -417,8 +429,12 @@ def render(result: dict) -> str:
             lines.append(f"| {row['server']} | {row['rung']} | {len(row['runs'])} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## The prefill-only pass and the servers' load", "",
+              "First tokens out of send order: pairs of requests (of n(n-1)/2) whose first tokens came in the other "
+              f"order than their sends by more than {ORDER_TOLERANCE_S:g} s (`out_of_order`); for the FCFS servers the "
+              "pairs the scheduler received out of the client's order, for SJF what the order moved.", "",
               "| server | rung | pass s | pass share of charged makespan | pace tok/s | max running | max token usage | "
-              "prefix-cached tokens | retracted |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "prefix-cached tokens | retracted | first tokens out of send order |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         passes = [run["pass_s"] for run in row["runs"]]
         shares = [run["pass_s"] / run["charged"][MAKESPAN] for run in row["runs"]]
@@ -430,7 +446,8 @@ def render(result: dict) -> str:
                      f"{max((load['max_running'] or 0) for load in loads)} | "
                      f"{max((load['max_token_usage'] or 0) for load in loads):.2f} | "
                      f"{statistics.median(load['cached_tokens'] for load in loads):.0f} | "
-                     f"{sum(load['retracted'] for load in loads)} |")
+                     f"{sum(load['retracted'] for load in loads)} | "
+                     + ", ".join(str(run["out_of_order"]) for run in row["runs"]) + " |")
     found = result["verdict"]
     lines += ["", "## Verdict (peer: the best prediction-free server of each view by mean TTFT)", ""]
     for view in VIEWS:
