@@ -155,3 +155,20 @@ def test_out_of_order_counts_pairs_whose_first_tokens_crossed_their_sends():
     records = [record("a", 0.0, 1.00, 2.0, 10), record("b", 0.1, 0.91, 2.0, 10), record("c", 0.2, 0.3, 2.0, 10)]
     assert study.out_of_order(records) == 2
     assert study.out_of_order(records[:2]) == 0
+
+
+def test_the_committed_requests_carry_their_run_and_pass_without_gaps_or_port(tmp_path):
+    import gzip
+
+    out = tmp_path / "outlets-sjf" / "outlets" / "rep0"
+    out.mkdir(parents=True)
+    (out / "pass.json").write_text(json.dumps({"pass_s": 1.5}))
+    row = {**RECORDS[0].to_json(), "itl_s": [0.1, 0.2]}
+    (out / "requests.jsonl").write_text(json.dumps(row) + "\n")
+    path = tmp_path / "requests.jsonl.gz"
+    study.write_requests(str(tmp_path), [str(out)], str(path))
+    [written] = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    assert written["run"] == "outlets-sjf/outlets/rep0" and written["pass_s"] == 1.5 and written["id"] == "a"
+    assert "itl_s" not in written and "url" not in written
+    study.write_requests(str(tmp_path), [str(out)], str(tmp_path / "again.gz"))
+    assert (tmp_path / "again.gz").read_bytes() == path.read_bytes()

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -264,6 +265,7 @@ AIM_COLUMNS = {"mean TTFT s": AIM_MEAN_TTFT, "P99 TTFT s": AIM_TAILS, "short P99
 # the outlets runs counted from the pass's start, from the batch's, and from the pass's start at the fcfs runs' pace
 VIEWS = ("charged", "free", "charged, pace-adjusted")
 PACED = VIEWS[2]
+REQUESTS = "requests.jsonl.gz"  # beside the report: every request of every run
 THROUGHPUT = "throughput tok/s"
 
 
@@ -332,13 +334,15 @@ def pace_adjusted(run: dict, reference_tok_s: float) -> Dict[str, float]:
 def report(args) -> None:
     with open(os.path.join(args.runs_dir, "config.json")) as handle:
         config = json.load(handle)
-    rows = []
+    rows, finished = [], []
     for server_name in SERVERS:
         for rung in rungs_of(server_name):
-            runs = [found for found in (read_run(run_dir(args.runs_dir, server_name, rung, repetition))
-                                        for repetition in range(args.repetitions)) if found]
+            runs = [(out, found) for out, found in ((out, read_run(out)) for out in
+                                                    (run_dir(args.runs_dir, server_name, rung, repetition)
+                                                     for repetition in range(args.repetitions))) if found]
+            finished += runs
             if runs:
-                rows.append({"server": server_name, "rung": rung, "runs": runs})
+                rows.append({"server": server_name, "rung": rung, "runs": [found for _, found in runs]})
     if not any(row["server"] == "fcfs" for row in rows):
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run the `run` stage first")
     reference = statistics.median(run["load"]["pace_tok_s"] for run in find(rows, "fcfs")["runs"])
@@ -349,9 +353,25 @@ def report(args) -> None:
               "model": "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
     result["verdict"] = verdict(rows)
     os.makedirs(args.results, exist_ok=True)
+    write_requests(args.runs_dir, sorted(found for found, _ in finished), os.path.join(args.results, REQUESTS))
     write_text_atomic(os.path.join(args.results, "result.json"), json.dumps(result, indent=1))
     write_text_atomic(os.path.join(args.results, "report.md"), render(result))
     print(render(result))
+
+
+def write_requests(runs_dir: str, outs: Sequence[str], path: str) -> None:
+    """Every request of the finished runs ``outs`` as the client recorded it, without the token gaps and url, with its
+    run and the run's pass (gzipped, reproducible: no timestamp in the header)."""
+    lines = []
+    for out in outs:
+        with open(os.path.join(out, "pass.json")) as handle:
+            pass_s = json.load(handle)["pass_s"]
+        for row in read_rows(os.path.join(out, "requests.jsonl")):
+            for dropped in ("itl_s", "url"):  # the gaps are bulky, the port changes per session
+                row.pop(dropped, None)
+            lines.append(json.dumps({"run": os.path.relpath(out, runs_dir), "pass_s": pass_s, **row}) + "\n")
+    with open(path, "wb") as handle:
+        handle.write(gzip.compress("".join(lines).encode(), mtime=0))
 
 
 def median_of(row: dict, view: str, column: str) -> float:
