@@ -143,11 +143,18 @@ def test_the_batch_is_sent_in_order_at_the_study_rate_and_the_pass_at_once(tmp_p
 
 
 def test_a_runs_directory_refuses_runs_sent_at_another_rate(tmp_path):
-    """Runs sent all at once (the first study) and in order at a rate are not one configuration."""
-    study.check_config(str(tmp_path), study.study_config(arguments(rate=math.inf), 1000))
+    """Runs sent all at once (the first study, whose config.json has no rate) and in order at a rate are not
+    one configuration."""
+    first = {key: value for key, value in study.study_config(arguments(), 1000).items() if key != "rate"}
+    (tmp_path / "config.json").write_text(json.dumps(first))
     with pytest.raises(SystemExit, match="another --runs-dir"):
         study.check_config(str(tmp_path), study.study_config(arguments(), 1000))
     study.check_config(str(tmp_path), study.study_config(arguments(rate=math.inf), 1000))
+    ordered = tmp_path / "ordered"
+    ordered.mkdir()
+    study.check_config(str(ordered), study.study_config(arguments(), 1000))
+    with pytest.raises(SystemExit, match="another --runs-dir"):
+        study.check_config(str(ordered), study.study_config(arguments(rate=50.0), 1000))
 
 
 def test_out_of_order_counts_pairs_whose_first_tokens_crossed_their_sends():

@@ -44,11 +44,17 @@ each request generating exactly its recorded length, the scheduler pinned to a c
   (tens of seconds at 16 running), so the queue the order acts on is the whole batch all the same. SGLang's
   ``lof`` orders as FCFS here (every request asks the same ``max_new_tokens``), so ``--servers`` may leave it out.
 
-Stages, each resumable (a finished run is kept and skipped):
+Stages, each resumable (a finished run is kept and skipped); the defaults are the ordered study
+(``benchmarks/data/batch-server-ordered``):
 
-    .venv/bin/python benchmarks/batch_server_study.py run --runs-dir /work/outlets-runs/batch-server
-    .venv/bin/python benchmarks/batch_server_study.py report --runs-dir /work/outlets-runs/batch-server
+    .venv/bin/python benchmarks/batch_server_study.py run --runs-dir /work/outlets-runs/batch-server-ordered \
+        --servers fcfs "fcfs (A/A control)" "outlets sjf"
+    .venv/bin/python benchmarks/batch_server_study.py report --runs-dir /work/outlets-runs/batch-server-ordered
     .venv/bin/python benchmarks/batch_server_study.py plot
+
+The first study, sent all at once with every server (``benchmarks/data/batch-server``): ``run --rate inf
+--runs-dir /work/outlets-runs/batch-server``, then ``report`` and ``plot`` with ``--results
+benchmarks/data/batch-server --figure docs/figures/batch-server.png``.
 """
 
 from __future__ import annotations
@@ -77,9 +83,9 @@ from specforge_outlets.studies.kv_bound_server import (
     predictions_path, predictions_sent, send_dataset, slug, write_workload,
 )
 
-RUNS_DIR = os.path.join(REPO, "runs", "batch-server")
-RESULTS = os.path.join(REPO, "benchmarks", "data", "batch-server")
-FIGURE = os.path.join(REPO, "docs", "figures", "batch-server.png")
+RUNS_DIR = os.path.join(REPO, "runs", "batch-server-ordered")
+RESULTS = os.path.join(REPO, "benchmarks", "data", "batch-server-ordered")
+FIGURE = os.path.join(REPO, "docs", "figures", "batch-server-ordered.png")
 # the batch: 120 of the label set's samples (87k output tokens) take about 3.5 minutes at the ~450 tokens/s
 # measured on a first fcfs run at 16 and at 32 running (the scheduler's cost per token sets the pace)
 DEFAULT_REQUESTS = 120
@@ -173,6 +179,7 @@ def check_config(runs_dir: str, chosen: dict) -> None:
         return
     with open(path) as handle:
         recorded = json.load(handle)
+    recorded.setdefault("rate", math.inf)  # recorded before --rate existed: its batches were sent all at once
     if recorded != chosen:
         raise SystemExit(f"{runs_dir} holds runs of {recorded}, not {chosen}: pass another --runs-dir for these")
 
