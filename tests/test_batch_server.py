@@ -1,9 +1,16 @@
 """The offline batch on real servers (benchmarks/batch_server_study.py): its logic without servers."""
 
+import argparse
+import json
+import math
+import os
+
+import numpy as np
 import pytest
 
 from specforge_outlets.loadgen.bench_command import summarize_records
 from specforge_outlets.loadgen.client import RequestRecord
+from specforge_outlets.loadgen.workload import poisson_arrivals
 from specforge_outlets.studies import batch_server as study
 
 
@@ -23,6 +30,10 @@ def test_the_pass_is_charged_onto_every_latency_and_the_makespan():
     assert charged["P99 TTFT s"] - free["P99 TTFT s"] == pytest.approx(4.0)
     assert free["mean e2e s"] == pytest.approx(6.25) and charged["mean e2e s"] == pytest.approx(10.25)
     assert charged["short P99 s"] == pytest.approx(7.0) and charged["long P99 s"] == pytest.approx(13.5)
+    # from the batch's submission: b, sent 0.5 s after a, waited those 0.5 s too; the makespan is the same
+    submitted = study.batch_metrics(study.from_submission(RECORDS), 4.0)
+    assert submitted["mean TTFT s"] == pytest.approx(5.75) and submitted["long P99 s"] == pytest.approx(14.0)
+    assert submitted[study.MAKESPAN] == pytest.approx(14.0)
     assert free[study.MAKESPAN] == pytest.approx(10.0) and charged[study.MAKESPAN] == pytest.approx(14.0)
     assert free["throughput tok/s"] == pytest.approx(100.0) and charged["throughput tok/s"] == pytest.approx(1000 / 14)
     assert summarize_records(RECORDS, 800)["all"]["ttft_mean_s"] == free["mean TTFT s"]
@@ -95,3 +106,76 @@ def test_pace_adjustment_scales_times_by_the_runs_pace_over_the_reference():
     paced = study.pace_adjusted(found, 400.0)
     assert paced["mean TTFT s"] == pytest.approx(21.0 * 0.9) and paced[study.MAKESPAN] == pytest.approx(11.0 * 0.9)
     assert paced["throughput tok/s"] == pytest.approx(11.0 / 0.9)
+
+
+def arguments(**changes) -> argparse.Namespace:
+    found = argparse.Namespace(requests=120, seed=0, max_running=16, rate=study.BATCH_RATE, repetitions=1)
+    vars(found).update(changes)
+    return found
+
+
+def test_the_batch_is_sent_in_order_at_the_study_rate_and_the_pass_at_once(tmp_path, monkeypatch):
+    """The batch goes at ``--rate`` (a finite rate keeps the dataset's order with the seed's gaps; all at once
+    the order is the connections'), the prefill-only pass all at once (its whole duration is charged)."""
+    sent = []
+
+    def send_dataset(url, dataset, model, output, label, rate, seed, predictions, *generation):
+        os.makedirs(output, exist_ok=True)
+        sent.append((os.path.basename(output), rate, seed))
+        with open(os.path.join(output, "summary.json"), "w") as handle:
+            json.dump({}, handle)
+
+    monkeypatch.setattr(study, "send_dataset", send_dataset)
+    monkeypatch.setattr(study, "flush_cache", lambda url: None)
+    monkeypatch.setattr(study, "read_summary", lambda path: {"duration_s": 1.5})
+    monkeypatch.setattr(study, "predictions_sent", lambda runs_dir, rung: [])
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = argparse.Namespace(url="http://x")
+    args = arguments(runs_dir=str(tmp_path), rate=50.0, seed=3)
+    study.run_batch(args, server, "outlets sjf", "outlets", 0, "d.jsonl", "m", str(log))
+    assert sent == [("pass", study.PASS_RATE, 3), ("rep0.partial", 50.0, 3)]
+    assert math.isinf(study.PASS_RATE) and math.isfinite(study.BATCH_RATE)
+    # the client's schedule at the study's rate: the dataset's order, the same gaps each session, about a second
+    arrivals = poisson_arrivals(120, study.BATCH_RATE, 0)
+    assert np.all(np.diff(arrivals) >= 0) and np.array_equal(arrivals, poisson_arrivals(120, study.BATCH_RATE, 0))
+    assert arrivals[-1] < 3.0
+
+
+def test_a_runs_directory_refuses_runs_sent_at_another_rate(tmp_path):
+    """Runs sent all at once (the first study, whose config.json has no rate) and in order at a rate are not
+    one configuration."""
+    first = {key: value for key, value in study.study_config(arguments(), 1000).items() if key != "rate"}
+    (tmp_path / "config.json").write_text(json.dumps(first))
+    with pytest.raises(SystemExit, match="another --runs-dir"):
+        study.check_config(str(tmp_path), study.study_config(arguments(), 1000))
+    study.check_config(str(tmp_path), study.study_config(arguments(rate=math.inf), 1000))
+    ordered = tmp_path / "ordered"
+    ordered.mkdir()
+    study.check_config(str(ordered), study.study_config(arguments(), 1000))
+    with pytest.raises(SystemExit, match="another --runs-dir"):
+        study.check_config(str(ordered), study.study_config(arguments(rate=50.0), 1000))
+
+
+def test_out_of_order_counts_pairs_whose_first_tokens_crossed_their_sends():
+    """c, sent last, had its first token before a and b (two pairs); a and b, 10 ms apart, count as in order."""
+    records = [record("a", 0.0, 1.00, 2.0, 10), record("b", 0.1, 0.91, 2.0, 10), record("c", 0.2, 0.3, 2.0, 10)]
+    assert study.out_of_order(records) == 2
+    assert study.out_of_order(records[:2]) == 0
+
+
+def test_the_committed_requests_carry_their_run_and_pass_without_gaps_or_port(tmp_path):
+    import gzip
+
+    out = tmp_path / "outlets-sjf" / "outlets" / "rep0"
+    out.mkdir(parents=True)
+    (out / "pass.json").write_text(json.dumps({"pass_s": 1.5}))
+    row = {**RECORDS[0].to_json(), "itl_s": [0.1, 0.2]}
+    (out / "requests.jsonl").write_text(json.dumps(row) + "\n")
+    path = tmp_path / "requests.jsonl.gz"
+    study.write_requests(str(tmp_path), [str(out)], str(path))
+    [written] = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    assert written["run"] == "outlets-sjf/outlets/rep0" and written["pass_s"] == 1.5 and written["id"] == "a"
+    assert "itl_s" not in written and "url" not in written
+    study.write_requests(str(tmp_path), [str(out)], str(tmp_path / "again.gz"))
+    assert (tmp_path / "again.gz").read_bytes() == path.read_bytes()

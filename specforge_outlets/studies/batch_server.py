@@ -1,14 +1,15 @@
 """An offline batch on real SGLang servers: SJF by OUTLETS r̂₀, its prefill-only pass charged, against SGLang's peers.
 
 The simulator's regime map found one regime where a length prediction pays against SGLang's best
-prediction-free configuration without a tail cost: an offline batch, every request sent at once,
+prediction-free configuration without a tail cost: an offline batch, every request submitted at once,
 where the running slots (not the KV cache) bind, so the order of the queue decides who waits. This
 checks it on real SGLang 0.5.23 servers on this CPU, with the KV-bound study's machinery
 (``kv_bound_server``: the random 2-layer Llama with SmolLM2's tokenizer, the label set's real prompts,
 each request generating exactly its recorded length, the scheduler pinned to a core of its own):
 
 - **Requests**: ``--requests`` of the label set's prompt samples (the ladder's seeded draw,
-  ``write_workload(..., ladder=True)``), all sent at once to one server.
+  ``write_workload(..., ladder=True)``), sent to one server in the dataset's order at ``--rate`` (Poisson,
+  seeded: the same gaps every session; the default ``BATCH_RATE`` lands the whole batch in about a second).
 - **Slots bind, not KV**: ``--max-running-requests`` well below the batch, and a cache of
   ``--max-running-requests`` x (the longest prompt + the 2,048-token cap) tokens plus every prompt and output
   of the batch (``kv_room``), so that SGLang's admission (a new request charged its prompt and its whole
@@ -17,9 +18,13 @@ each request generating exactly its recorded length, the scheduler pinned to a c
   log lines for the peak token usage and running count, and the prefix-cache hits.
 - **r̂₀ before the first admission, charged**: before the batch, the outlets servers get a prefill-only
   pass (every prompt once, ``max_new_tokens`` 1), timed. The radix cache is on for every server, so the
-  pass leaves each prompt's KV in the prefix cache. The outlets runs' TTFT, end-to-end and makespan are
-  counted from the pass's start (the batch's submission: the pass's cost charged in full), and, as a lower
-  bound, from the batch's start (the pass free). The predictions the client sends are the committed
+  pass leaves each prompt's KV in the prefix cache. The pass sends every prompt at once (``PASS_RATE``): its
+  order decides nothing (every prompt ends in the cache) and at once it is as short as it can be. Two views:
+  **charged**, every request's TTFT, end-to-end and the makespan counted from the batch's submission (the
+  first request's send; for the outlets runs the pass's start before it, its cost charged in full), which is
+  what a user who hands the server a batch waits; **free**, each request's from its own send, as bench-serving
+  records it, with no pass (a lower bound for the outlets runs). The prediction-free servers' two views differ
+  only by the client's stagger (each request's send after the first, 0.6 s on average at ``BATCH_RATE``). The predictions the client sends are the committed
   OUTLETS r̂₀ of each prompt, the value the draft reads at the prompt's last token, which is what the pass
   would return; predictor-only mode (the draft in the server) needs SmolLM2 itself as the target, too slow
   on this CPU for a batch. Every run starts from an empty cache (``/flush_cache``).
@@ -29,21 +34,34 @@ each request generating exactly its recorded length, the scheduler pinned to a c
   r̂₀ shuffled across the requests (seeded), OUTLETS r̂₀ and the oracle (the recorded length); and
   longest-predicted-first with OUTLETS r̂₀ (the makespan). Every repetition starts a fresh session of each
   server, in an order rotated by one each time.
-- **Arrival order**: requests sent at once reach the scheduler in the order their connections land, a rotation
-  of the client's order that differs per session, and each server's first round admits what has arrived before
-  the rest; so every FCFS session is another random order of the batch's lengths, which the A/A control's spread
-  shows.
+- **Arrival order**: requests sent all at once (``--rate inf``) reach the scheduler in the order their
+  connections land, a rotation of the client's order that differs per session, and each server's first round
+  admits what has arrived before the rest; so every FCFS session was another random order of the batch's lengths
+  (``benchmarks/data/batch-server``: the A/A control 0.85-0.99x of fcfs's mean TTFT). Sent at ``BATCH_RATE``
+  instead, the client sends in the dataset's order with the seed's gaps (``poisson_arrivals``: the same
+  cumulative times every session), 10 ms apart on average, so they reach the scheduler in that order and every
+  FCFS session serves the same order; the batch still lands in about a second, far below one request's service
+  (tens of seconds at 16 running), so the queue the order acts on is the whole batch all the same. SGLang's
+  ``lof`` orders as FCFS here (every request asks the same ``max_new_tokens``), so ``--servers`` may leave it out.
 
-Stages, each resumable (a finished run is kept and skipped):
+Stages, each resumable (a finished run is kept and skipped); the defaults are the ordered study
+(``benchmarks/data/batch-server-ordered``):
 
-    .venv/bin/python benchmarks/batch_server_study.py run --runs-dir /work/outlets-runs/batch-server
-    .venv/bin/python benchmarks/batch_server_study.py report --runs-dir /work/outlets-runs/batch-server
+    .venv/bin/python benchmarks/batch_server_study.py run --runs-dir /work/outlets-runs/batch-server-ordered \
+        --servers fcfs "fcfs (A/A control)" "outlets sjf"
+    .venv/bin/python benchmarks/batch_server_study.py report --runs-dir /work/outlets-runs/batch-server-ordered
     .venv/bin/python benchmarks/batch_server_study.py plot
+
+The first study, sent all at once with every server (``benchmarks/data/batch-server``): ``run --rate inf
+--runs-dir /work/outlets-runs/batch-server``, then ``report`` and ``plot`` with ``--results
+benchmarks/data/batch-server --figure docs/figures/batch-server.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gzip
 import json
 import math
 import os
@@ -65,9 +83,9 @@ from specforge_outlets.studies.kv_bound_server import (
     predictions_path, predictions_sent, send_dataset, slug, write_workload,
 )
 
-RUNS_DIR = os.path.join(REPO, "runs", "batch-server")
-RESULTS = os.path.join(REPO, "benchmarks", "data", "batch-server")
-FIGURE = os.path.join(REPO, "docs", "figures", "batch-server.png")
+RUNS_DIR = os.path.join(REPO, "runs", "batch-server-ordered")
+RESULTS = os.path.join(REPO, "benchmarks", "data", "batch-server-ordered")
+FIGURE = os.path.join(REPO, "docs", "figures", "batch-server-ordered.png")
 # the batch: 120 of the label set's samples (87k output tokens) take about 3.5 minutes at the ~450 tokens/s
 # measured on a first fcfs run at 16 and at 32 running (the scheduler's cost per token sets the pace)
 DEFAULT_REQUESTS = 120
@@ -94,6 +112,13 @@ PEERS = ("fcfs", "lof")  # SGLang's prediction-free configurations: the best of 
 SERVER_ARGS = ["--enable-custom-logit-processor", "--skip-server-warmup", "--sleep-on-idle"]
 AIM_MEAN_TTFT = 0.85  # issue 45's aim: mean TTFT at or below this ratio to the peer, the pass charged,
 AIM_TAILS = 1.0  # with P99 TTFT, short and long P99 at or below this one
+# the batch's Poisson rate: 120 requests land in about 1.2 s, 10 ms apart on average (the scheduler's decode
+# step at 16 running takes ~35 ms), far below one request's service (tens of s), and in the dataset's order
+BATCH_RATE = 100.0
+PASS_RATE = math.inf  # the prefill-only pass all at once: its order decides nothing, and it is charged in full
+# first tokens of one prefill batch reach the client within a few ms of each other; a request admitted a decode
+# step (~35 ms at 16 running) or more before one sent ahead of it was out of order at the scheduler
+ORDER_TOLERANCE_S = 0.05
 SEED_SHUFFLE = 1  # the shuffled rung's permutation, apart from the draw's --seed
 # the server's own log lines: running requests and KV use at each logged step, prefix-cache hits at each prefill
 RUNNING = re.compile(r"#running-req: (\d+)")
@@ -154,8 +179,15 @@ def check_config(runs_dir: str, chosen: dict) -> None:
         return
     with open(path) as handle:
         recorded = json.load(handle)
+    recorded.setdefault("rate", math.inf)  # recorded before --rate existed: its batches were sent all at once
     if recorded != chosen:
         raise SystemExit(f"{runs_dir} holds runs of {recorded}, not {chosen}: pass another --runs-dir for these")
+
+
+def study_config(args, max_total_tokens: int) -> dict:
+    """What makes two runs comparable: the batch, its draw, the slots, the cache and the rate it is sent at."""
+    return {"requests": args.requests, "seed": args.seed, "max_running": args.max_running,
+            "max_total_tokens": max_total_tokens, "rate": args.rate}
 
 
 def run(args) -> None:
@@ -164,8 +196,7 @@ def run(args) -> None:
     write_shuffled(args.runs_dir)
     model = make_target(os.path.join(args.runs_dir, "target"))
     max_total_tokens = args.max_total_tokens or kv_room(dataset, model, args.max_running)
-    check_config(args.runs_dir, {"requests": args.requests, "seed": args.seed, "max_running": args.max_running,
-                                 "max_total_tokens": max_total_tokens})
+    check_config(args.runs_dir, study_config(args, max_total_tokens))
     common = ["--max-running-requests", str(args.max_running), "--max-total-tokens", str(max_total_tokens),
               *SERVER_ARGS]
     for repetition in range(args.repetitions):
@@ -199,9 +230,9 @@ def run_batch(args, server, server_name: str, rung: str, repetition: int, datase
     pass_s = 0.0
     if server_name in RUNGS:
         send_dataset(server.url, dataset, model, os.path.join(partial, "pass"), f"{label} (prefill-only pass)",
-                     math.inf, args.seed, [], PREFILL_ONLY)
+                     PASS_RATE, args.seed, [], PREFILL_ONLY)
         pass_s = read_summary(os.path.join(partial, "pass"))["duration_s"]
-    send_dataset(server.url, dataset, model, partial, label, math.inf, args.seed,
+    send_dataset(server.url, dataset, model, partial, label, args.rate, args.seed,
                  predictions_sent(args.runs_dir, rung))
     write_text_atomic(os.path.join(partial, "pass.json"), json.dumps({"pass_s": pass_s}))
     write_text_atomic(os.path.join(partial, "server.log"), log_since(log_path, log_start))
@@ -241,7 +272,16 @@ AIM_COLUMNS = {"mean TTFT s": AIM_MEAN_TTFT, "P99 TTFT s": AIM_TAILS, "short P99
 # the outlets runs counted from the pass's start, from the batch's, and from the pass's start at the fcfs runs' pace
 VIEWS = ("charged", "free", "charged, pace-adjusted")
 PACED = VIEWS[2]
+REQUESTS = "requests.jsonl.gz"  # beside the report: every request of every run
 THROUGHPUT = "throughput tok/s"
+
+
+def from_submission(records: Sequence[RequestRecord]) -> List[RequestRecord]:
+    """``records`` as if each was sent with the first: its latencies counted from the batch's submission."""
+    first = min(record.sent_s for record in records)
+    return [dataclasses.replace(record, sent_s=first, e2e_s=record.e2e_s + record.sent_s - first,
+                                ttft_s=None if record.ttft_s is None else record.ttft_s + record.sent_s - first)
+            for record in records]
 
 
 def batch_metrics(records: Sequence[RequestRecord], charge_s: float) -> Dict[str, float]:
@@ -251,6 +291,15 @@ def batch_metrics(records: Sequence[RequestRecord], charge_s: float) -> Dict[str
     values[MAKESPAN] = (max(record.sent_s + record.e2e_s for record in records)
                         - min(record.sent_s for record in records) + charge_s)
     return values
+
+
+def out_of_order(records: Sequence[RequestRecord]) -> int:
+    """Pairs of requests whose first tokens came in the other order than their sends (the dataset's order where
+    sends tie), by more than ``ORDER_TOLERANCE_S``: under FCFS, the pairs the scheduler received out of the
+    client's order; under SJF, what the order moved."""
+    first = [record.sent_s + record.ttft_s for record in sorted(records, key=lambda record: record.sent_s)]
+    return sum(later < earlier - ORDER_TOLERANCE_S for index, earlier in enumerate(first)
+               for later in first[index + 1:])
 
 
 def server_load(server_log: str) -> dict:
@@ -278,8 +327,8 @@ def read_run(out: str) -> Optional[dict]:
         pass_s = json.load(handle)["pass_s"]
     with open(os.path.join(out, "server.log"), encoding="utf-8", errors="replace") as handle:
         load = server_load(handle.read())
-    return {"pass_s": pass_s, "requests": len(records), "charged": batch_metrics(records, pass_s),
-            "free": batch_metrics(records, 0.0), "load": load}
+    return {"pass_s": pass_s, "requests": len(records), "charged": batch_metrics(from_submission(records), pass_s),
+            "free": batch_metrics(records, 0.0), "load": load, "out_of_order": out_of_order(records)}
 
 
 def pace_adjusted(run: dict, reference_tok_s: float) -> Dict[str, float]:
@@ -292,13 +341,15 @@ def pace_adjusted(run: dict, reference_tok_s: float) -> Dict[str, float]:
 def report(args) -> None:
     with open(os.path.join(args.runs_dir, "config.json")) as handle:
         config = json.load(handle)
-    rows = []
+    rows, finished = [], []
     for server_name in SERVERS:
         for rung in rungs_of(server_name):
-            runs = [found for found in (read_run(run_dir(args.runs_dir, server_name, rung, repetition))
-                                        for repetition in range(args.repetitions)) if found]
+            runs = [(out, found) for out, found in ((out, read_run(out)) for out in
+                                                    (run_dir(args.runs_dir, server_name, rung, repetition)
+                                                     for repetition in range(args.repetitions))) if found]
+            finished += runs
             if runs:
-                rows.append({"server": server_name, "rung": rung, "runs": runs})
+                rows.append({"server": server_name, "rung": rung, "runs": [found for _, found in runs]})
     if not any(row["server"] == "fcfs" for row in rows):
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run the `run` stage first")
     reference = statistics.median(run["load"]["pace_tok_s"] for run in find(rows, "fcfs")["runs"])
@@ -309,9 +360,25 @@ def report(args) -> None:
               "model": "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
     result["verdict"] = verdict(rows)
     os.makedirs(args.results, exist_ok=True)
+    write_requests(args.runs_dir, sorted(found for found, _ in finished), os.path.join(args.results, REQUESTS))
     write_text_atomic(os.path.join(args.results, "result.json"), json.dumps(result, indent=1))
     write_text_atomic(os.path.join(args.results, "report.md"), render(result))
     print(render(result))
+
+
+def write_requests(runs_dir: str, outs: Sequence[str], path: str) -> None:
+    """Every request of the finished runs ``outs`` as the client recorded it, without the token gaps and url, with its
+    run and the run's pass (gzipped, reproducible: no timestamp in the header)."""
+    lines = []
+    for out in outs:
+        with open(os.path.join(out, "pass.json")) as handle:
+            pass_s = json.load(handle)["pass_s"]
+        for row in read_rows(os.path.join(out, "requests.jsonl")):
+            for dropped in ("itl_s", "url"):  # the gaps are bulky, the port changes per session
+                row.pop(dropped, None)
+            lines.append(json.dumps({"run": os.path.relpath(out, runs_dir), "pass_s": pass_s, **row}) + "\n")
+    with open(path, "wb") as handle:
+        handle.write(gzip.compress("".join(lines).encode(), mtime=0))
 
 
 def median_of(row: dict, view: str, column: str) -> float:
@@ -356,18 +423,25 @@ def verdict(rows: Sequence[dict]) -> dict:
     return found
 
 
+def sent_as(result: dict) -> str:
+    """How the batch was sent (a result written before ``--rate`` existed sent it all at once)."""
+    rate = result.get("rate", math.inf)
+    return "at once" if math.isinf(rate) else f"sent in order at {rate:g}/s"
+
+
 def render(result: dict) -> str:
     rows = result["rows"]
     fcfs = find(rows, "fcfs")
-    lines = [f"# Offline batch on real SGLang servers ({result['requests']} requests at once, "
+    lines = [f"# Offline batch on real SGLang servers ({result['requests']} requests {sent_as(result)}, "
              f"--max-running-requests {result['max_running']}, --max-total-tokens {result['max_total_tokens']})", "",
              f"`{result['command']}`; {result['model']}. Each cell: the median over repetitions [min-max], then its "
-             "ratio to fcfs's median (xR [min-max of the runs' ratios]). Charged: the outlets runs counted from the "
-             "start of their prefill-only pass (the batch's submission); free: from the batch's start (a lower bound); "
+             "ratio to fcfs's median (xR [min-max of the runs' ratios]). Charged: every request counted from the "
+             "batch's submission (the first request's send; for the outlets runs the start of their prefill-only pass "
+             "before it); free: each request from its own send, the pass left out (a lower bound); "
              "charged, pace-adjusted: charged, each run's times scaled by its pace (the median output tokens/s of its "
              "logged decode steps with every slot running) over the fcfs runs' median pace, so that what other "
              "processes on this CPU did to a run's speed is taken out of the order's effect. The prediction-free "
-             "servers have no pass: their charged and free views are the same.", ""]
+             "servers have no pass: their charged and free views differ only by the client's stagger.", ""]
     for view in VIEWS:
         lines += [f"## {view}", "", "| server | rung | runs | " + " | ".join(COLUMNS) + " |",
                   "|---|---|---:|" + "---:|" * len(COLUMNS)]
@@ -382,8 +456,12 @@ def render(result: dict) -> str:
             lines.append(f"| {row['server']} | {row['rung']} | {len(row['runs'])} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## The prefill-only pass and the servers' load", "",
+              "First tokens out of send order: pairs of requests (of n(n-1)/2) whose first tokens came in the other "
+              f"order than their sends by more than {ORDER_TOLERANCE_S:g} s (`out_of_order`); for the FCFS servers the "
+              "pairs the scheduler received out of the client's order, for SJF what the order moved.", "",
               "| server | rung | pass s | pass share of charged makespan | pace tok/s | max running | max token usage | "
-              "prefix-cached tokens | retracted |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "prefix-cached tokens | retracted | first tokens out of send order |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         passes = [run["pass_s"] for run in row["runs"]]
         shares = [run["pass_s"] / run["charged"][MAKESPAN] for run in row["runs"]]
@@ -395,7 +473,8 @@ def render(result: dict) -> str:
                      f"{max((load['max_running'] or 0) for load in loads)} | "
                      f"{max((load['max_token_usage'] or 0) for load in loads):.2f} | "
                      f"{statistics.median(load['cached_tokens'] for load in loads):.0f} | "
-                     f"{sum(load['retracted'] for load in loads)} |")
+                     f"{sum(load['retracted'] for load in loads)} | "
+                     + ", ".join(str(run["out_of_order"]) for run in row["runs"]) + " |")
     found = result["verdict"]
     lines += ["", "## Verdict (peer: the best prediction-free server of each view by mean TTFT)", ""]
     for view in VIEWS:
@@ -446,7 +525,8 @@ def plot(args) -> None:
     axes[0].set_yticks(range(len(rows)), [f"{row['server']}\n{row['rung']}" for row in rows], fontsize=7)
     axes[0].invert_yaxis()
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Offline batch on real SGLang servers on CPU: {result['requests']} label-set requests at once, "
+    fig.suptitle(f"Offline batch on real SGLang servers on CPU: {result['requests']} label-set requests "
+                 f"{sent_as(result)}, "
                  f"{result['max_running']} running (median, range over repetitions; dashed: issue 45's aim)",
                  fontsize=9)
     fig.tight_layout()
@@ -465,10 +545,15 @@ def main() -> None:
                         help="--max-running-requests of every server: the slots that bind")
     parser.add_argument("--max-total-tokens", type=int,
                         help="KV cache tokens (default: enough that admission never waits for KV, kv_room)")
+    parser.add_argument("--rate", type=float, default=BATCH_RATE,
+                        help="the batch's Poisson rate in requests/s, sent in the dataset's order (inf: all at once, "
+                             "in the order the connections land)")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
+    if not args.rate > 0:
+        parser.error(f"--rate must be a positive number of requests/s (inf: all at once), got {args.rate}")
     if args.requests <= args.max_running:
         parser.error(f"--requests {args.requests} must exceed --max-running {args.max_running}: "
                      "a batch that fits the slots at once has no queue to order")
