@@ -2,10 +2,10 @@
 
 - ``--schedule-policy outlets``: SGLang's own KV admission by default (``--outlets-kv-admission peak`` admits a
   waiting request only while the predicted peak of the cache with it fits; ``predicted`` charges a request its
-  predicted remaining length + ``--outlets-kv-margin`` (20%) instead) and the tail-safe waiting-queue order (FCFS within a short and a predicted-long
-  class, a long request yielding only briefly, ``--outlets-long-holdback``; ``--outlets-order sjf``
-  for shortest predicted remaining first with aging); retraction of the longest predicted remaining
-  first; the same order on the PD decode queue.
+  predicted remaining length + ``--outlets-kv-margin`` (20%) instead) and the tail-safe waiting-queue order (FCFS
+  within a short and a predicted-long class, a long request yielding only briefly, ``--outlets-long-holdback``;
+  ``--outlets-order sjf`` for shortest predicted remaining first with aging); retraction of the longest predicted
+  remaining first; the same order on the PD decode queue.
 - ``--load-balance-method outlets``: fewest requests, ties by least predicted work, across data-parallel ranks.
 - Predictions from the request (``custom_params.outlets_predicted_output_len``), from an OUTLETS draft
   at prefill (``--outlets-draft-path``, predictor-only mode) or from the running EAGLE-3 draft;

@@ -29,7 +29,8 @@ from tests.sglang_harness.config_dirs import write_export, write_target  # noqa:
 from tests.sglang_harness.stand_in import fresh_view, real_request, request  # noqa: E402
 from sglang_patches.settings import (  # noqa: E402
     ENV_AGING, ENV_DRAFT, ENV_KV_ADMISSION, ENV_KV_MARGIN, ENV_KV_QUANTILE, ENV_LONG_CLASS_SHARE, ENV_LONG_HOLDBACK,
-    ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR, ENV_RANK_WINDOW, KV_ADMISSIONS, OutletsSettingsError, PluginSettings, read_settings, validate_draft_dir,
+    ENV_MAX_RETRACTIONS, ENV_ORDER, ENV_PRIOR, ENV_RANK_WINDOW, KV_ADMISSIONS, OutletsSettingsError, PluginSettings,
+    read_settings, validate_draft_dir,
 )
 from tests.sglang_harness.fixtures import keep_logging, no_outlets_settings, plugins_loaded  # noqa: F401  (fixtures)
 

@@ -174,9 +174,9 @@ def check_kv_admission(config: ClusterConfig, source: str) -> None:
     """Refuse an engine's own admission where the simulator does not model it."""
     if config.kv_admission in PEAK_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
-            f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated instances run; disaggregated decode "
-            "instances admit transferred requests by another rule (kv_admission sglang runs it): set mode colocated, "
-            "or name kv_admission sglang, predicted or max-new-tokens")
+            f"{source}: kv_admission {config.kv_admission.value} gates SGLang's PrefillAdder, which colocated "
+            "instances run; disaggregated decode instances admit transferred requests by another rule (kv_admission "
+            "sglang runs it): set mode colocated, or name kv_admission sglang, predicted or max-new-tokens")
     if config.kv_admission in VLLM_ADMISSIONS and config.mode is not ClusterMode.COLOCATED:
         raise OutletsError(
             f"{source}: kv_admission {config.kv_admission.value} models vLLM's Scheduler on colocated instances; vLLM "

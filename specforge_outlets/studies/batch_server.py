@@ -24,8 +24,8 @@ each request generating exactly its recorded length, the scheduler pinned to a c
   first request's send; for the outlets runs the pass's start before it, its cost charged in full), which is
   what a user who hands the server a batch waits; **free**, each request's from its own send, as bench-serving
   records it, with no pass (a lower bound for the outlets runs). The prediction-free servers' two views differ
-  only by the client's stagger (each request's send after the first, 0.6 s on average at ``BATCH_RATE``). The predictions the client sends are the committed
-  OUTLETS r̂₀ of each prompt, the value the draft reads at the prompt's last token, which is what the pass
+  only by the client's stagger (each request's send after the first, 0.6 s on average at ``BATCH_RATE``). The
+  predictions the client sends are the committed OUTLETS r̂₀ of each prompt, the value the draft reads at the prompt's last token, which is what the pass
   would return; predictor-only mode (the draft in the server) needs SmolLM2 itself as the target, too slow
   on this CPU for a batch. Every run starts from an empty cache (``/flush_cache``).
 - **Servers and rungs**: SGLang's ``fcfs`` (its default) twice (the second, in its own sessions, is the A/A
@@ -344,12 +344,11 @@ def report(args) -> None:
     rows, finished = [], []
     for server_name in SERVERS:
         for rung in rungs_of(server_name):
-            runs = [(out, found) for out, found in ((out, read_run(out)) for out in
-                                                    (run_dir(args.runs_dir, server_name, rung, repetition)
-                                                     for repetition in range(args.repetitions))) if found]
+            outs = (run_dir(args.runs_dir, server_name, rung, repetition) for repetition in range(args.repetitions))
+            runs = {out: found for out, found in ((out, read_run(out)) for out in outs) if found}
             finished += runs
             if runs:
-                rows.append({"server": server_name, "rung": rung, "runs": [found for _, found in runs]})
+                rows.append({"server": server_name, "rung": rung, "runs": list(runs.values())})
     if not any(row["server"] == "fcfs" for row in rows):
         raise SystemExit(f"no finished fcfs run under {args.runs_dir}: run the `run` stage first")
     reference = statistics.median(run["load"]["pace_tok_s"] for run in find(rows, "fcfs")["runs"])
@@ -360,7 +359,7 @@ def report(args) -> None:
               "model": "random 2-layer Llama with SmolLM2's tokenizer", "rows": rows}
     result["verdict"] = verdict(rows)
     os.makedirs(args.results, exist_ok=True)
-    write_requests(args.runs_dir, sorted(found for found, _ in finished), os.path.join(args.results, REQUESTS))
+    write_requests(args.runs_dir, sorted(finished), os.path.join(args.results, REQUESTS))
     write_text_atomic(os.path.join(args.results, "result.json"), json.dumps(result, indent=1))
     write_text_atomic(os.path.join(args.results, "report.md"), render(result))
     print(render(result))

@@ -44,7 +44,8 @@ class Setup:
 
 
 # The plugin's configurations, each run with every rung: its default when the ladder ran (KV admitted by the
-# predicted future peak; SGLang's own admission is the default since the regime map), the charge (the one before), the order alone under SGLang's admission, SJF instead of tail-safe
+# predicted future peak; SGLang's own admission is the default since the regime map), the charge (the one before),
+# the order alone under SGLang's admission, SJF instead of tail-safe
 CONFIGS = {
     "peak, the default (tail-safe + KV by the predicted peak)": Setup("least-predicted-work", "tail-safe",
                                                                        KVAdmission.PEAK),

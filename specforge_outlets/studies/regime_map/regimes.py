@@ -189,8 +189,9 @@ def prediction_configs(mode: ClusterMode, batch: bool = False) -> Dict[str, Pred
     order and admission, over total_requests' knobs; colocated, its opt-in peak admission with its default order
     over total_requests (these: ``FEW_RUNGS``)."""
     every = peers(mode)
-    made = {f"{PLUGIN_DEFAULT} over {base}": PredictionConfig(
-        layered(every[peer], PLUGIN_ORDER, DEFAULT_KV_ADMISSION), peer, RUNGS) for base, peer in layer_bases(mode).items()}
+    made = {f"{PLUGIN_DEFAULT} over {base}": PredictionConfig(layered(every[peer], PLUGIN_ORDER, DEFAULT_KV_ADMISSION),
+                                                               peer, RUNGS)
+            for base, peer in layer_bases(mode).items()}
     over = layer_bases(mode)[TOTAL_REQUESTS]
     orders = [QueuePolicy.SJF, QueuePolicy.TAIL_SAFE_RANKS] + ([QueuePolicy.LONGEST_FIRST] if batch else [])
     made.update({f"{order.value} over {TOTAL_REQUESTS}": PredictionConfig(
